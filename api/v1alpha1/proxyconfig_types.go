@@ -1,0 +1,208 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// ProxyConfigSpec is the desired mode of the selected nodes and how to move
+// them there.
+// +kubebuilder:validation:XValidation:rule="!has(self.iptables) || self.mode == 'iptables'",message="spec.iptables may only be set when spec.mode is iptables",fieldPath=".iptables"
+// +kubebuilder:validation:XValidation:rule="!has(self.nftables) || self.mode == 'nftables'",message="spec.nftables may only be set when spec.mode is nftables",fieldPath=".nftables"
+// +kubebuilder:validation:XValidation:rule="!has(self.ipvs) || self.mode == 'ipvs'",message="spec.ipvs may only be set when spec.mode is ipvs",fieldPath=".ipvs"
+type ProxyConfigSpec struct {
+	// Mode is the dataplane the selected nodes run: iptables, nftables or ipvs.
+	// +required
+	Mode ProxyMode `json:"mode"`
+
+	// NodeSelector selects the nodes this config manages. Empty selects
+	// every node. A node selected by two ProxyConfigs is reported as a
+	// conflict and left alone.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	ProxySettings `json:",inline"`
+
+	// Rollout says how nodes are moved to a new mode.
+	// +optional
+	// +kubebuilder:default={}
+	Rollout RolloutPolicy `json:"rollout,omitempty"`
+}
+
+// RolloutPolicy bounds how many nodes change at once and what happens when
+// one fails.
+type RolloutPolicy struct {
+	// MaxUnavailable is how many nodes may be in transition at once: a
+	// number, or a percentage of the selected nodes (rounded down, at least 1).
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",message="must be a number of nodes of at least 1, or a percentage from 1% to 100%"
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// Canary is the first batch, alone, before all others.
+	// +optional
+	// +kubebuilder:default={}
+	Canary CanaryPolicy `json:"canary,omitempty"`
+
+	// NodeTimeout is how long one node may take to switch before it counts
+	// as failed.
+	// +optional
+	// +kubebuilder:default="5m"
+	NodeTimeout Duration `json:"nodeTimeout,omitempty"`
+
+	// AutoRollback returns the nodes a failed rollout moved to their
+	// previous mode.
+	// +optional
+	// +kubebuilder:default=true
+	AutoRollback *bool `json:"autoRollback,omitempty"`
+
+	// Paused stops new nodes from starting; the rollout resumes where it
+	// stopped when cleared.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+}
+
+// CanaryPolicy is the canary batch: moved first, then checked, then
+// optionally waited on before the rest.
+type CanaryPolicy struct {
+	// Nodes is how many nodes form the canary; 0 skips the canary.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=50
+	Nodes *int32 `json:"nodes,omitempty"`
+
+	// Pause is how long to wait after the canary succeeded before the
+	// next batch.
+	// +optional
+	Pause Duration `json:"pause,omitempty"`
+}
+
+// RolloutPhase is where a ProxyConfig's rollout stands.
+// +kubebuilder:validation:Enum=Pending;Preflight;Progressing;Paused;Completed;RollingBack;Failed
+type RolloutPhase string
+
+// The phases of a rollout.
+const (
+	RolloutPending     RolloutPhase = "Pending"
+	RolloutPreflight   RolloutPhase = "Preflight"
+	RolloutProgressing RolloutPhase = "Progressing"
+	RolloutPaused      RolloutPhase = "Paused"
+	RolloutCompleted   RolloutPhase = "Completed"
+	RolloutRollingBack RolloutPhase = "RollingBack"
+	RolloutFailed      RolloutPhase = "Failed"
+)
+
+// Condition types of a ProxyConfig.
+const (
+	// ConditionReady is true when every selected node runs the target mode.
+	ConditionReady = "Ready"
+	// ConditionProgressing is true while nodes are being moved.
+	ConditionProgressing = "Progressing"
+	// ConditionDegraded is true when a node failed or a conflict blocks nodes.
+	ConditionDegraded = "Degraded"
+)
+
+// MaxFailedNodes bounds status.failedNodes so status stays small on big
+// clusters; the counts stay exact.
+const MaxFailedNodes = 20
+
+// NodeCounts are the rollout's node counts.
+type NodeCounts struct {
+	// Selected is how many nodes the selector matches.
+	Selected int32 `json:"selected"`
+	// Updated is how many selected nodes run the target mode.
+	Updated int32 `json:"updated"`
+	// Ready is how many selected nodes are Active and healthy in any mode.
+	Ready int32 `json:"ready"`
+	// Failed is how many selected nodes failed to switch.
+	Failed int32 `json:"failed"`
+	// Summary is "updated/selected", as kubectl shows it.
+	// +optional
+	Summary string `json:"summary,omitempty"`
+}
+
+// FailedNode names a node that failed and why.
+type FailedNode struct {
+	// Name is the node's name.
+	Name string `json:"name"`
+	// Reason says what failed, in words a person can act on.
+	Reason string `json:"reason"`
+}
+
+// ProxyConfigStatus is the progress of the rollout.
+type ProxyConfigStatus struct {
+	// ObservedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Phase is where the rollout stands.
+	// +optional
+	Phase RolloutPhase `json:"phase,omitempty"`
+
+	// TargetMode is the mode nodes are being moved to.
+	// +optional
+	TargetMode ProxyMode `json:"targetMode,omitempty"`
+
+	// Selector is the node selector in label-selector text form.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// Nodes are the node counts.
+	// +optional
+	Nodes NodeCounts `json:"nodes,omitempty"`
+
+	// Conditions are Ready, Progressing and Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// FailedNodes lists failed nodes with their reasons (at most 20).
+	// +optional
+	// +kubebuilder:validation:MaxItems=20
+	FailedNodes []FailedNode `json:"failedNodes,omitempty"`
+
+	// StartTime is when the current rollout started.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// CompletionTime is when the current rollout completed.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+}
+
+// ProxyConfig is the desired service-proxy mode of a set of nodes, and the
+// policy for moving them to it safely.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=pc,categories=proxyshift
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Updated",type=string,JSONPath=`.status.nodes.summary`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetMode`,priority=1
+// +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.nodes.failed`,priority=1
+// +kubebuilder:printcolumn:name="Selector",type=string,JSONPath=`.status.selector`,priority=1
+type ProxyConfig struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec   ProxyConfigSpec   `json:"spec"`
+	Status ProxyConfigStatus `json:"status,omitempty"`
+}
+
+// ProxyConfigList is a list of ProxyConfigs.
+// +kubebuilder:object:root=true
+type ProxyConfigList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProxyConfig `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ProxyConfig{}, &ProxyConfigList{})
+}

@@ -1,0 +1,66 @@
+// Package dataplane defines the one interface every service-proxy backend
+// (nftables, iptables, ipvs) implements, and the node settings they share.
+// The sync loop, the switch protocol and the tests talk only to this
+// interface, which is what lets one real-packet suite cover all backends.
+package dataplane
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// NodeConfig is what a backend needs to know about its node, beyond the
+// service model.
+type NodeConfig struct {
+	// NodeName is this node's name; endpoints on it are local.
+	NodeName string
+	// NodeIPs are the node's addresses NodePorts answer on, already
+	// filtered by nodePortAddresses.
+	NodeIPs []netip.Addr
+	// ClusterCIDRs are the pod networks; traffic to a service from outside
+	// them is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all service traffic.
+	MasqueradeAll bool
+	// MasqueradeBit is the packet mark bit that flags masquerading.
+	MasqueradeBit int
+}
+
+// SyncRequest is one sync: the whole model, and which service ports
+// changed since the last successful sync.
+type SyncRequest struct {
+	Model *model.Snapshot
+	// Changed lists the service ports to rewrite; ignored when Full.
+	Changed model.ChangeSet
+	// Full rewrites everything the backend owns from the model, repairing
+	// any drift in the kernel.
+	Full bool
+}
+
+// Counts are the sizes of what a backend has programmed.
+type Counts struct {
+	// Services is the number of service ports programmed.
+	Services int
+	// Endpoints is the number of endpoints programmed.
+	Endpoints int
+	// Rules is the number of rules, map elements or virtual servers.
+	Rules int
+}
+
+// Backend is a service-proxy dataplane. Implementations own a fixed set of
+// kernel objects, named after proxyshift, and touch nothing else.
+type Backend interface {
+	// Mode is the proxy mode the backend implements.
+	Mode() v1alpha1.ProxyMode
+	// Sync programs the model into the kernel in one atomic transaction
+	// per IP family. On error the kernel keeps its previous state.
+	Sync(ctx context.Context, req SyncRequest) (Counts, error)
+	// Programmed reads back what the kernel holds for this backend.
+	Programmed(ctx context.Context) (Counts, error)
+	// Cleanup removes everything the backend owns and describes what it
+	// removed, one line per object.
+	Cleanup(ctx context.Context) ([]string, error)
+}

@@ -1,0 +1,90 @@
+// Package model turns Services and EndpointSlices into the mode-independent
+// service model every dataplane renders: one ServicePort per (service, port,
+// IP family), with its addresses, policies and merged endpoints. Building it
+// once, in one place, is what keeps the three dataplanes behaving alike.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// ServicePortName identifies one port of one Service. It is the unit of
+// change tracking and the key dataplanes name their per-service objects by.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	// Port is the port's name in the Service ("" for an unnamed port).
+	Port     string
+	Protocol corev1.Protocol
+}
+
+// String renders the name as namespace/name:port/protocol.
+func (n ServicePortName) String() string {
+	return fmt.Sprintf("%s/%s:%s/%s", n.Namespace, n.Name, n.Port, n.Protocol)
+}
+
+// ServiceName is the namespace/name of the Service the port belongs to.
+func (n ServicePortName) ServiceName() ServiceName {
+	return ServiceName{Namespace: n.Namespace, Name: n.Name}
+}
+
+// ServiceName identifies a Service.
+type ServiceName struct {
+	Namespace string
+	Name      string
+}
+
+// String renders the name as namespace/name.
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// Endpoint is one backend of a service port, merged from every
+// EndpointSlice of the service.
+type Endpoint struct {
+	IP   netip.Addr
+	Port int32
+	// Ready, Serving and Terminating are the EndpointSlice conditions; a
+	// nil condition in the slice counts as ready/serving, as kube-proxy does.
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	// IsLocal says the endpoint runs on this node.
+	IsLocal bool
+}
+
+// String renders the endpoint as ip:port.
+func (e Endpoint) String() string { return netip.AddrPortFrom(e.IP, uint16(e.Port)).String() }
+
+// ServicePort is one port of one Service in one IP family: everything a
+// dataplane needs to program it.
+type ServicePort struct {
+	Name      ServicePortName
+	Family    corev1.IPFamily
+	ClusterIP netip.Addr
+	Protocol  corev1.Protocol
+	Port      int32
+	// NodePort is 0 when the service has none.
+	NodePort int32
+	// ExternalIPs and LoadBalancerIPs are the addresses of this family only.
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges of this family; empty allows every source.
+	LoadBalancerSourceRanges []netip.Prefix
+	// AffinityTimeout is the ClientIP session affinity timeout; 0 means no
+	// affinity.
+	AffinityTimeout time.Duration
+	// ExternalPolicyLocal is externalTrafficPolicy: Local.
+	ExternalPolicyLocal bool
+	// InternalPolicyLocal is internalTrafficPolicy: Local.
+	InternalPolicyLocal bool
+	// HealthCheckNodePort is the port of the service's health check, 0 if none.
+	HealthCheckNodePort int32
+	// Endpoints are all endpoints of the port, deduplicated and sorted by
+	// address, whatever their conditions.
+	Endpoints []Endpoint
+}
