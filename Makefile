@@ -1,0 +1,74 @@
+# proxyshift Makefile, in the kubebuilder go/v4 style.
+
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+CONTROLLER_GEN := go tool controller-gen
+# The test control plane (kube-apiserver, etcd, kubectl) built from Go modules
+# and cached under ~/.cache/proxyshift; hack/controlplane.sh prints its dir.
+ASSETS = $(shell hack/controlplane.sh)
+
+.PHONY: all
+all: build
+
+##@ Development
+
+.PHONY: manifests
+manifests: ## Generate CRDs and RBAC roles from the Go markers.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=proxyshift-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac/operator
+	$(CONTROLLER_GEN) rbac:roleName=proxyshift-agent paths=./nodeagent/... output:rbac:artifacts:config=config/rbac/agent
+
+.PHONY: generate
+generate: ## Generate DeepCopy methods.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: fmt
+fmt: ## Run gofmt on the tree.
+	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: verify
+verify: ## Fail when generated files, formatting or go.mod are stale.
+	hack/verify.sh
+
+.PHONY: controlplane
+controlplane: ## Build (once) and print the test control plane directory.
+	@hack/controlplane.sh
+
+.PHONY: test
+test: verify ## Run every test against a real API server and real netfilter.
+	hack/install-deps.sh
+	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
+
+##@ Build
+
+.PHONY: build
+build: ## Build the operator and the agent into bin/.
+	CGO_ENABLED=0 go build -o bin/proxyshift-operator ./cmd/operator
+	CGO_ENABLED=0 go build -o bin/proxyshift-agent ./cmd/agent
+
+.PHONY: run
+run: ## Run the operator against the cluster in $KUBECONFIG.
+	go run ./cmd/operator --leader-elect=false
+
+##@ Deployment
+
+.PHONY: install
+install: manifests ## Install the CRDs into the cluster in $KUBECONFIG.
+	kubectl apply -k config/crd
+
+.PHONY: uninstall
+uninstall: ## Remove the CRDs from the cluster in $KUBECONFIG.
+	kubectl delete -k config/crd --ignore-not-found
+
+.PHONY: deploy
+deploy: manifests ## Install everything (CRDs, RBAC, operator, agent) into $KUBECONFIG.
+	kubectl apply -k config/default
+
+.PHONY: undeploy
+undeploy: ## Remove everything deploy installed.
+	kubectl delete -k config/default --ignore-not-found
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

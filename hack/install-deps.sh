@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and the demo need, when missing.
+# Each line maps a command to the package that provides it.
+set -euo pipefail
+
+declare -A PACKAGES=(
+  [ip]=iproute2
+)
+
+missing=()
+for cmd in "${!PACKAGES[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${PACKAGES[$cmd]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
