@@ -46,8 +46,9 @@ func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
 type Endpoint struct {
 	IP   netip.Addr
 	Port int32
-	// Ready, Serving and Terminating are the EndpointSlice conditions; a
-	// nil condition in the slice counts as ready/serving, as kube-proxy does.
+	// Ready, Serving and Terminating are the EndpointSlice conditions. In
+	// the slice a nil Ready counts as ready, a nil Serving as serving
+	// and a nil Terminating as not terminating, as kube-proxy reads them.
 	Ready       bool
 	Serving     bool
 	Terminating bool
@@ -85,6 +86,6 @@ type ServicePort struct {
 	// HealthCheckNodePort is the port of the service's health check, 0 if none.
 	HealthCheckNodePort int32
 	// Endpoints are all endpoints of the port, deduplicated and sorted by
-	// address, whatever their conditions.
+	// address and port, whatever their conditions.
 	Endpoints []Endpoint
 }
