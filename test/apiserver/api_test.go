@@ -162,14 +162,25 @@ func TestAPI(t *testing.T) {
 				t.Errorf("kubectl apply -k config/default output lacks %q:\n%s", want, out)
 			}
 		}
-		// The agent's role must not let it write ProxyNode specs.
-		can, _ := env.Kubectl(t, "auth", "can-i", "update", "proxynodes", "--as=system:serviceaccount:proxyshift-system:proxyshift-agent")
-		if strings.TrimSpace(can) != "no" {
-			t.Errorf("agent may update ProxyNode specs (kubectl auth can-i said %q); it should only write status", strings.TrimSpace(can))
+		// The agent may write its ProxyNode's status but not the spec. The
+		// API server's RBAC cache lags writes a little, so wait for "yes".
+		agent := "--as=system:serviceaccount:proxyshift-system:proxyshift-agent"
+		canI := func(args ...string) string {
+			out, _ := env.Kubectl(t, append([]string{"auth", "can-i"}, args...)...)
+			return strings.TrimSpace(out)
 		}
-		can, _ = env.Kubectl(t, "auth", "can-i", "update", "proxynodes", "--subresource=status", "--as=system:serviceaccount:proxyshift-system:proxyshift-agent")
-		if strings.TrimSpace(can) != "yes" {
-			t.Errorf("agent may not update ProxyNode status (kubectl auth can-i said %q)", strings.TrimSpace(can))
+		deadline := time.Now().Add(20 * time.Second)
+		for canI("update", "proxynodes", "--subresource=status", agent) != "yes" {
+			if time.Now().After(deadline) {
+				t.Fatal("the agent's ServiceAccount may not update ProxyNode status")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if got := canI("update", "proxynodes", agent); got != "no" {
+			t.Errorf("agent may update ProxyNode specs (kubectl auth can-i said %q); it should only write status", got)
+		}
+		if got := canI("update", "proxyconfigs", "--subresource=status", "--as=system:serviceaccount:proxyshift-system:proxyshift-operator"); got != "yes" {
+			t.Errorf("operator may not update ProxyConfig status (kubectl auth can-i said %q)", got)
 		}
 	})
 

@@ -21,6 +21,11 @@ import (
 	proxyv1alpha1 "github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
+// ServiceCIDR is the API server's service-cluster-ip-range: inside
+// 198.18.0.0/15, the only range tests may send traffic to, and equal to
+// netlab.ServiceCIDR.
+const ServiceCIDR = "198.19.0.0/16"
+
 // Env is a running API server with proxyshift's CRDs installed.
 type Env struct {
 	// Config reaches the API server as an administrator.
@@ -63,6 +68,8 @@ func Start(t testing.TB) *Env {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
 	}
+	// Service IPs come from the test range, so that labs can route them.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", ServiceCIDR)
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start test control plane from %s: %v", assets, err)

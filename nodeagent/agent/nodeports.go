@@ -1,0 +1,63 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// NodePortIPs resolves nodePortAddresses to the node addresses NodePorts
+// answer on. An empty spec means every local address and yields nil (the
+// backends then match any local destination). "primary" yields the node's
+// InternalIP of each family from its Node object; CIDRs yield the local
+// addresses inside them.
+func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.Addr, error) {
+	if len(spec) == 0 {
+		return nil, nil
+	}
+	if len(spec) == 1 && spec[0] == string(v1alpha1.NodePortAddressPrimary) {
+		if node == nil {
+			return nil, fmt.Errorf("nodePortAddresses is %q but this node's Node object is not known", v1alpha1.NodePortAddressPrimary)
+		}
+		var ips []netip.Addr
+		seen := map[bool]bool{} // by is-IPv4
+		for _, a := range node.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP {
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil || seen[ip.Is4()] {
+				continue
+			}
+			seen[ip.Is4()] = true
+			ips = append(ips, ip.Unmap())
+		}
+		if len(ips) == 0 {
+			return nil, fmt.Errorf("nodePortAddresses is %q but Node %s has no InternalIP", v1alpha1.NodePortAddressPrimary, node.Name)
+		}
+		return ips, nil
+	}
+	var cidrs []netip.Prefix
+	for _, s := range spec {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("nodePortAddresses entry %q is neither a CIDR nor %q", s, v1alpha1.NodePortAddressPrimary)
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	var ips []netip.Addr
+	for _, ip := range local {
+		if slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(ip.Unmap()) }) {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("no local address lies in nodePortAddresses %v", spec)
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	return ips, nil
+}

@@ -1,0 +1,210 @@
+// Package syncloop drives a dataplane from the service model: it waits for
+// changes, paces syncs (never more often than minSyncPeriod), resyncs fully
+// every syncPeriod to repair drift, and retries failures with backoff. A
+// failed sync leaves the kernel as it was (each sync is one transaction) and
+// the next attempt is a full one, so no change is ever lost.
+package syncloop
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// Source is where the loop takes the model from (a *model.Tracker).
+type Source interface {
+	Changed() <-chan struct{}
+	Snapshot() (*model.Snapshot, model.ChangeSet)
+}
+
+// Config paces the loop.
+type Config struct {
+	// MinSyncPeriod is the least time between the starts of two syncs.
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the time between two full resyncs.
+	SyncPeriod time.Duration
+	// MaxBackoff bounds the wait before retrying a failed sync.
+	MaxBackoff time.Duration
+}
+
+// Result is the outcome of one sync, handed to Loop.OnSync.
+type Result struct {
+	Full     bool
+	Start    time.Time
+	Duration time.Duration
+	Counts   dataplane.Counts
+	Err      error
+}
+
+// Loop runs syncs of one backend from one source.
+type Loop struct {
+	cfg     Config
+	source  Source
+	backend dataplane.Backend
+	metrics *Metrics
+	// OnSync, if set, is called after every sync attempt.
+	OnSync func(Result)
+
+	mu          sync.Mutex
+	pendingFrom time.Time // when the oldest change not yet synced arrived
+	lastSuccess time.Time
+}
+
+// New returns a loop; metrics may be nil.
+func New(cfg Config, source Source, backend dataplane.Backend, metrics *Metrics) *Loop {
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 30 * time.Second
+	}
+	return &Loop{cfg: cfg, source: source, backend: backend, metrics: metrics}
+}
+
+// Run syncs until ctx ends. The first sync is a full one.
+func (l *Loop) Run(ctx context.Context) {
+	needFull := true
+	lastFull := time.Time{}
+	lastStart := time.Time{}
+	backoff := time.Duration(0)
+	l.markPending(time.Now())
+
+	for {
+		// Wait for a reason to sync: a change, the resync timer, or a retry.
+		if !needFull && backoff == 0 {
+			resync := time.NewTimer(time.Until(lastFull.Add(l.cfg.SyncPeriod)))
+			select {
+			case <-ctx.Done():
+				resync.Stop()
+				return
+			case <-l.source.Changed():
+				l.markPending(time.Now())
+			case <-resync.C:
+				needFull = true
+				l.markPending(time.Now())
+			}
+			resync.Stop()
+		}
+		// Pace: never start syncs closer than MinSyncPeriod (or the backoff).
+		wait := time.Until(lastStart.Add(l.cfg.MinSyncPeriod))
+		if backoff > wait {
+			wait = backoff
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+
+		snap, changes := l.source.Snapshot()
+		if time.Since(lastFull) >= l.cfg.SyncPeriod {
+			needFull = true
+		}
+		if !needFull && len(changes) == 0 {
+			// The signal's changes were taken by the previous sync.
+			l.mu.Lock()
+			l.pendingFrom = time.Time{}
+			l.mu.Unlock()
+			continue
+		}
+		lastStart = time.Now()
+		res := l.syncOnce(ctx, snap, changes, needFull)
+		if res.Err != nil {
+			// The kernel kept its previous state; the changes just taken
+			// are covered by the full sync that the retry does.
+			needFull = true
+			backoff = nextBackoff(backoff, l.cfg.MaxBackoff)
+			klog.ErrorS(res.Err, "Sync of proxy rules failed; retrying with a full sync", "backend", l.backend.Mode(), "retryIn", backoff)
+			continue
+		}
+		backoff = 0
+		if needFull {
+			lastFull = res.Start
+		}
+		needFull = false
+	}
+}
+
+// syncOnce runs one sync and records its outcome.
+func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model.ChangeSet, full bool) Result {
+	kind := "partial"
+	if full {
+		kind = "full"
+	}
+	start := time.Now()
+	counts, err := l.backend.Sync(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: full})
+	res := Result{Full: full, Start: start, Duration: time.Since(start), Counts: counts, Err: err}
+	if l.metrics != nil {
+		if err != nil {
+			l.metrics.SyncFailures.WithLabelValues(kind).Inc()
+		} else {
+			l.metrics.SyncDuration.WithLabelValues(kind).Observe(res.Duration.Seconds())
+			l.metrics.LastSyncTimestamp.SetToCurrentTime()
+			l.metrics.ProgrammedServices.Set(float64(counts.Services))
+			l.metrics.ProgrammedEndpoints.Set(float64(counts.Endpoints))
+		}
+	}
+	if err == nil {
+		l.mu.Lock()
+		if l.metrics != nil && !l.pendingFrom.IsZero() && len(changes) > 0 {
+			l.metrics.NetworkProgramming.Observe(time.Since(l.pendingFrom).Seconds())
+		}
+		l.pendingFrom = time.Time{}
+		l.lastSuccess = time.Now()
+		l.mu.Unlock()
+		klog.V(2).InfoS("Synced proxy rules", "kind", kind, "duration", res.Duration, "changed", len(changes), "services", counts.Services, "endpoints", counts.Endpoints)
+	}
+	if l.OnSync != nil {
+		l.OnSync(res)
+	}
+	return res
+}
+
+func (l *Loop) markPending(now time.Time) {
+	l.mu.Lock()
+	if l.pendingFrom.IsZero() {
+		l.pendingFrom = now
+	}
+	l.mu.Unlock()
+}
+
+// Healthy reports an error when work has been waiting longer than
+// timeout: the loop has stopped making progress.
+func (l *Loop) Healthy(timeout time.Duration) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pendingFrom.IsZero() || time.Since(l.pendingFrom) < timeout {
+		return nil
+	}
+	return &StalledError{Since: l.pendingFrom, LastSuccess: l.lastSuccess}
+}
+
+// StalledError says the loop has had work waiting for too long.
+type StalledError struct {
+	Since       time.Time
+	LastSuccess time.Time
+}
+
+func (e *StalledError) Error() string {
+	last := "never"
+	if !e.LastSuccess.IsZero() {
+		last = e.LastSuccess.Format(time.RFC3339)
+	}
+	return "proxy rules not synced since changes arrived at " + e.Since.Format(time.RFC3339) + "; last successful sync: " + last
+}
+
+func nextBackoff(cur, limit time.Duration) time.Duration {
+	if cur == 0 {
+		return 500 * time.Millisecond
+	}
+	if cur*2 > limit {
+		return limit
+	}
+	return cur * 2
+}
