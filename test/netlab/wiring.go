@@ -1,0 +1,232 @@
+package netlab
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Every link helper below works through a netlink handle bound to one of
+// the test's namespaces, so a link is created inside its namespace (a
+// veth's peer directly inside the other one) and never, even for a
+// moment, in the root namespace.
+
+// handle opens a netlink handle bound to ns. The caller closes it.
+func (ns *NetNS) handle() (*netlink.Handle, error) {
+	h, err := netlink.NewHandleAt(ns.Handle)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", ns.Name, err)
+	}
+	return h, nil
+}
+
+// AddBridge creates a bridge called name in ns, gives it addr (when
+// valid) and sets it up.
+func (ns *NetNS) AddBridge(name string, addr netip.Prefix) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+	if err := h.LinkAdd(br); err != nil {
+		return fmt.Errorf("add bridge %s in %s: %w", name, ns.Name, err)
+	}
+	if addr.IsValid() {
+		if err := addAddr(h, br, addr); err != nil {
+			return fmt.Errorf("bridge %s in %s: %w", name, ns.Name, err)
+		}
+	}
+	if err := h.LinkSetUp(br); err != nil {
+		return fmt.Errorf("set bridge %s up in %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+// AddVeth creates a veth pair with one end called name in ns and the other
+// called peerName in peer, and sets both ends up. Addresses and bridge
+// ports are set with AddAddr and SetMaster.
+func (ns *NetNS) AddVeth(name string, peer *NetNS, peerName string) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name},
+		PeerName:      peerName,
+		PeerNamespace: netlink.NsFd(peer.FD()),
+	}
+	if err := h.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth %s (%s) / %s (%s): %w", name, ns.Name, peerName, peer.Name, err)
+	}
+	if err := ns.SetUp(name); err != nil {
+		return err
+	}
+	return peer.SetUp(peerName)
+}
+
+// SetUp sets the link called name in ns up.
+func (ns *NetNS) SetUp(name string) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up in %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+// DeleteLink deletes the link called name in ns; deleting one end of a
+// veth pair deletes the other end too.
+func (ns *NetNS) DeleteLink(name string) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
+	}
+	if err := h.LinkDel(link); err != nil {
+		return fmt.Errorf("delete %s in %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+// AddAddr adds addr to the link called name in ns.
+func (ns *NetNS) AddAddr(name string, addr netip.Prefix) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
+	}
+	if err := addAddr(h, link, addr); err != nil {
+		return fmt.Errorf("%s in %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+func addAddr(h *netlink.Handle, link netlink.Link, addr netip.Prefix) error {
+	if !addr.Addr().Is4() {
+		return fmt.Errorf("address %s: the lab is IPv4 only", addr)
+	}
+	ipnet := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet}); err != nil {
+		return fmt.Errorf("add address %s: %w", addr, err)
+	}
+	return nil
+}
+
+// SetMaster makes the link called name in ns a port of the bridge called
+// bridge in the same namespace, with hairpin mode on so a pod can reach
+// itself through a service, as bridge CNI plugins set it.
+func (ns *NetNS) SetMaster(name, bridge string) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
+	}
+	br, err := h.LinkByName(bridge)
+	if err != nil {
+		return fmt.Errorf("find bridge %s in %s: %w", bridge, ns.Name, err)
+	}
+	if err := h.LinkSetMaster(link, br); err != nil {
+		return fmt.Errorf("attach %s to %s in %s: %w", name, bridge, ns.Name, err)
+	}
+	if err := h.LinkSetHairpin(link, true); err != nil {
+		return fmt.Errorf("hairpin on %s in %s: %w", name, ns.Name, err)
+	}
+	return nil
+}
+
+// AddRoute routes dst via the gateway via in ns; dst 0.0.0.0/0 is the
+// default route.
+func (ns *NetNS) AddRoute(dst netip.Prefix, via netip.Addr) error {
+	h, err := ns.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	route := &netlink.Route{
+		Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+		Gw:  via.AsSlice(),
+	}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("route %s via %s in %s: %w", dst, via, ns.Name, err)
+	}
+	return nil
+}
+
+// SetSysctl writes value to the sysctl key (e.g. "net/ipv4/ip_forward")
+// of ns. /proc/sys/net shows the namespace of the thread that opens it, so
+// the write happens inside Do and never reaches the root namespace.
+func (ns *NetNS) SetSysctl(key, value string) error {
+	return ns.Do(func() error {
+		if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s=%s in %s: %w", key, value, ns.Name, err)
+		}
+		return nil
+	})
+}
+
+// Sysctl reads the sysctl key of ns.
+func (ns *NetNS) Sysctl(key string) (string, error) {
+	var v []byte
+	err := ns.Do(func() error {
+		var err error
+		v, err = os.ReadFile(filepath.Join("/proc/sys", key))
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("sysctl %s in %s: %w", key, ns.Name, err)
+	}
+	return strings.TrimSpace(string(v)), nil
+}
+
+// ipv4Only turns IPv6 off in ns, for links created from now on ("default")
+// and existing ones ("all"), so the lab sends no IPv6 packets at all (no
+// router solicitations, no duplicate address detection): the lab has no
+// IPv6 range to use. It also turns reverse-path filtering off, which new
+// namespaces otherwise inherit from the host and which would drop
+// service traffic whose reply path differs from its request path.
+func (ns *NetNS) ipv4Only() error {
+	settings := [][2]string{
+		{"net/ipv4/conf/all/rp_filter", "0"},
+		{"net/ipv4/conf/default/rp_filter", "0"},
+	}
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err == nil {
+		settings = append(settings,
+			[2]string{"net/ipv6/conf/all/disable_ipv6", "1"},
+			[2]string{"net/ipv6/conf/default/disable_ipv6", "1"})
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, s := range settings {
+		if err := ns.SetSysctl(s[0], s[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
