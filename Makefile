@@ -40,6 +40,10 @@ test: verify ## Run every test against a real API server and real netfilter.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
 
+.PHONY: test-vm
+test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.
+	hack/vm/run.sh
+
 ##@ Build
 
 .PHONY: build

@@ -5,6 +5,10 @@ set -euo pipefail
 
 declare -A PACKAGES=(
   [ip]=iproute2
+  # make test-vm (hack/vm): the VM, its initramfs and the modules tree.
+  [qemu-system-x86_64]=qemu-system-x86
+  [cpio]=cpio
+  [depmod]=kmod
 )
 
 missing=()

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Every link helper below works through a netlink handle bound to one of
@@ -19,7 +20,7 @@ import (
 
 // handle opens a netlink handle bound to ns. The caller closes it.
 func (ns *NetNS) handle() (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(ns.Handle)
+	h, err := netlink.NewHandleAt(ns.Handle, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle in %s: %w", ns.Name, err)
 	}

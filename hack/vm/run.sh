@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# make test-vm: runs the tests that need a real kernel's modules (IPVS,
+# module loading) inside a small VM booting Debian's stock cloud kernel,
+# where ip_vs, nf_tables and iptables are loadable modules.
+#
+# It fetches the kernel and a static busybox once (hack/vm/fetch.sh, cached
+# under ~/.cache/proxyshift/vm), builds a static test binary for every
+# package in hack/vm/packages.txt, packs them with busybox, the modules of
+# hack/vm/modules.txt (with their dependencies) and hack/vm/init into an
+# initramfs, and boots it with qemu under timeout. The serial console is
+# streamed here and kept in a log. It exits non-zero unless every package's
+# result line says PASS: a missing line (kernel panic, timeout, crash) is a
+# failure. A summary in `go test -json` terms closes the output.
+#
+# Environment:
+#   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
+#   PROXYSHIFT_VM_TIMEOUT=240  seconds before the VM is killed
+#   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
+#   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
+#   PROXYSHIFT_VM_LOG=FILE     where to keep the serial log
+#                              (default ~/.cache/proxyshift/vm/serial.log)
+#   PROXYSHIFT_VM_KVER=...     another kernel of Debian's archive
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PATH:/usr/sbin:/sbin"
+
+CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
+VM_CACHE="$CACHE_ROOT/vm"
+TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-240}"
+MEMORY="${PROXYSHIFT_VM_MEMORY:-512}"
+LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
+
+log() { echo "test-vm: $*" >&2; }
+start=$SECONDS
+
+hack/install-deps.sh
+{ read -r kernel_dir; read -r busybox; } < <(hack/vm/fetch.sh)
+[ -n "${busybox:-}" ] || { log "hack/vm/fetch.sh failed"; exit 1; }
+kver="$(basename "$kernel_dir")"
+module_path="$(go list -m)"
+repo="$PWD"
+
+work="$(mktemp -d "$VM_CACHE/run.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+root="$work/root"
+mkdir -p "$root"/{bin,dev,proc,sys,tmp,run,var,tests,src,lib/modules}
+ln -s /run "$root/var/run"
+
+# Test binaries, one per package, in the order the VM runs them; each
+# package's testdata comes along, and the binary runs in its directory.
+mapfile -t packages < <(sed 's/#.*//' hack/vm/packages.txt | awk NF)
+for pkg in "${packages[@]}"; do
+  bin="$root/tests/${pkg//\//_}.test"
+  log "building $pkg"
+  CGO_ENABLED=0 go test -c -o "$bin" "./$pkg"
+  [ -x "$bin" ] || { log "$pkg has no tests to run"; exit 1; }
+  mkdir -p "$root/src/$pkg"
+  if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$root/src/$pkg/"; fi
+  echo "$pkg" >> "$root/tests/list"
+done
+
+# busybox, with a link per applet (not to itself).
+cp "$busybox" "$root/bin/busybox"
+for applet in $("$busybox" --list); do
+  [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+done
+
+# The modules tree: the kernel's metadata whole, and the listed module
+# files with everything modules.dep says they depend on.
+src="$kernel_dir/lib/modules/$kver"
+dst="$root/lib/modules/$kver"
+mkdir -p "$dst"
+cp "$src"/modules.* "$dst/"
+(
+  cd "$src"
+  sed 's/#.*//' "$repo/hack/vm/modules.txt" | awk NF | while read -r entry; do
+    find "$entry" -name '*.ko*'
+  done | sort -u > "$work/wanted"
+  awk -F'[: ]+' 'NR == FNR { want[$1] = 1; next } ($1 in want) { for (i = 1; i <= NF; i++) if ($i != "") print $i }' \
+    "$work/wanted" modules.dep | sort -u > "$work/modules"
+  cpio -pdm --quiet "$dst" < "$work/modules"
+)
+log "initramfs: ${#packages[@]} test binaries, $(wc -l < "$work/modules") modules of $kver"
+
+cp hack/vm/init "$root/init"
+(cd "$root" && find . | cpio -o -H newc --quiet) > "$work/initramfs"
+
+accel=(-accel tcg -cpu max)
+if [ "${PROXYSHIFT_VM_KVM:-}" = 1 ]; then
+  accel=(-accel kvm -cpu host)
+fi
+append="console=ttyS0 panic=-1 quiet proxyshift.vm=1"
+if [ -n "${PROXYSHIFT_VM_RUN:-}" ]; then
+  append+=" proxyshift.run=$PROXYSHIFT_VM_RUN"
+fi
+
+mkdir -p "$(dirname "$LOG")"
+log "booting $kver (${accel[1]}, timeout ${TIMEOUT}s); serial log: $LOG"
+boot=$SECONDS
+status=0
+timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEMORY" \
+  -nographic -no-reboot -net none \
+  -kernel "$kernel_dir/vmlinuz" -initrd "$work/initramfs" -append "$append" \
+  < /dev/null 2>&1 | sed -u -e 's/\r$//' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' | tee "$LOG" || status=$?
+if [ "$status" -eq 124 ]; then
+  log "the VM did not finish within ${TIMEOUT}s"
+fi
+log "VM ran $((SECONDS - boot))s"
+
+# One result line per package, or it failed. The -test.v output between
+# each package's BEGIN and RESULT lines becomes `go test -json` for the
+# project's summary.
+failed=0
+summary_input="$work/summary.json"
+: > "$summary_input"
+for pkg in "${packages[@]}"; do
+  result="$(sed -n "s#^PROXYSHIFT-VM-RESULT $pkg \(PASS\|FAIL\)\$#\1#p" "$LOG" | tail -1)"
+  case "$result" in
+    PASS) ;;
+    FAIL) failed=1 ;;
+    *) log "$pkg: no result line (the VM crashed, hung or was killed)"; result=MISSING; failed=1 ;;
+  esac
+  log "$pkg: $result"
+  awk -v begin="PROXYSHIFT-VM-BEGIN $pkg" -v end="PROXYSHIFT-VM-RESULT $pkg " \
+    '$0 == begin { on = 1; next } index($0, end) == 1 { on = 0 } on' "$LOG" |
+    go tool test2json -p "$module_path/$pkg" >> "$summary_input" || true
+  if [ "$result" = MISSING ]; then
+    # Count the lost run as a failed test, so that the summary says so.
+    printf '{"Action":"output","Package":"%s","Test":"(test VM)","Output":"no result line: the VM crashed, hung or was killed; see %s\\n"}\n{"Action":"fail","Package":"%s","Test":"(test VM)"}\n' \
+      "$module_path/$pkg" "$LOG" "$module_path/$pkg" >> "$summary_input"
+  fi
+done
+go build -o bin/testsummary ./hack/testsummary
+bin/testsummary < "$summary_input" || failed=1
+log "done in $((SECONDS - start))s"
+exit "$failed"

@@ -1,0 +1,73 @@
+package kmod
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+func TestModulesFor(t *testing.T) {
+	tests := []struct {
+		name     string
+		got      func() ([]string, error)
+		contains []string
+		lacks    []string
+	}{
+		{"ipvs default scheduler", func() ([]string, error) { return ModulesFor("ipvs", "") },
+			[]string{"ip_vs", "ip_vs_rr", "nf_conntrack", "dummy", "xt_set"}, []string{"ip_vs_wrr", "nf_tables"}},
+		{"ipvs typed", func() ([]string, error) { return ModulesFor(v1alpha1.ModeIPVS, v1alpha1.IPVSScheduler("wrr")) },
+			[]string{"ip_vs", "ip_vs_wrr"}, []string{"ip_vs_rr"}},
+		{"nftables", func() ([]string, error) { return ModulesFor(v1alpha1.ModeNFTables, "") },
+			[]string{"nf_tables", "nf_conntrack", "nf_nat", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nft_numgen", "nft_fib_ipv4", "nft_reject_ipv6"}, []string{"ip_vs", "x_tables"}},
+		{"iptables", func() ([]string, error) { return ModulesFor("iptables", "wrr") },
+			[]string{"nf_conntrack", "xt_statistic", "xt_recent", "xt_mark", "xt_comment", "xt_conntrack", "xt_MASQUERADE", "xt_nat"}, []string{"ip_vs_wrr", "ip_tables"}},
+		{"legacy backend", func() ([]string, error) { return IPTablesBackendModules("legacy") },
+			[]string{"ip_tables", "iptable_nat", "ip6table_nat"}, []string{"nft_compat"}},
+		{"nft backend", func() ([]string, error) { return IPTablesBackendModules("nft") },
+			[]string{"nf_tables", "nft_compat", "nft_chain_nat"}, []string{"ip_tables"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mods, err := tt.got()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range tt.contains {
+				if !slices.Contains(mods, m) {
+					t.Errorf("%v lacks %s", mods, m)
+				}
+			}
+			for _, m := range tt.lacks {
+				if slices.Contains(mods, m) {
+					t.Errorf("%v has %s", mods, m)
+				}
+			}
+			seen := map[string]bool{}
+			for _, m := range mods {
+				if seen[m] || canonical(m) != m {
+					t.Errorf("%s listed twice or not in canonical form", m)
+				}
+				seen[m] = true
+			}
+		})
+	}
+	for _, s := range Schedulers {
+		mods, err := ModulesFor(v1alpha1.ModeIPVS, s)
+		if err != nil || !slices.Contains(mods, "ip_vs_"+string(s)) {
+			t.Errorf("ModulesFor(ipvs, %s) = %v, %v", s, mods, err)
+		}
+	}
+}
+
+func TestModulesForRejects(t *testing.T) {
+	if _, err := ModulesFor("userspace", ""); err == nil {
+		t.Error("ModulesFor(userspace) succeeded")
+	}
+	if _, err := ModulesFor("ipvs", "twos"); err == nil {
+		t.Error("ModulesFor(ipvs, twos) succeeded")
+	}
+	if _, err := IPTablesBackendModules("ebtables"); err == nil {
+		t.Error("IPTablesBackendModules(ebtables) succeeded")
+	}
+}
