@@ -1,0 +1,449 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// Backend is the nftables dataplane. It is safe for concurrent use: syncs
+// and cleanups are serialized, Programmed and Present only read.
+type Backend struct {
+	cfg   dataplane.NodeConfig
+	netns int
+	rc    map[*family]renderConfig
+
+	mu sync.Mutex
+	// state is what the last successful sync of each family programmed;
+	// without it the next sync of the family is a full one.
+	state map[*family]*familyState
+	// stale are chains already flushed and unreferenced, to delete.
+	stale map[*family]map[string]bool
+}
+
+// familyState is what the backend knows it programmed in one family.
+type familyState struct {
+	rs     *ruleset
+	claims claimIndex
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithNetNSFd makes the backend program the network namespace the file
+// descriptor fd refers to instead of the caller's, without switching any
+// thread's namespace. The caller keeps fd open while the backend is used.
+func WithNetNSFd(fd int) Option {
+	return func(b *Backend) { b.netns = fd }
+}
+
+// New returns a backend for the node cfg describes. It does not touch the
+// kernel: the rules a previous agent programmed keep working until the
+// first Sync replaces them, in one transaction per family, so an agent
+// restart never interrupts traffic. The first Sync is always full.
+func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("nftables: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
+	}
+	b := &Backend{
+		cfg:   cfg,
+		rc:    map[*family]renderConfig{},
+		state: map[*family]*familyState{},
+		stale: map[*family]map[string]bool{},
+	}
+	for _, f := range families {
+		b.rc[f] = newRenderConfig(f, cfg)
+	}
+	for _, o := range opts {
+		o(b)
+	}
+	return b, nil
+}
+
+// Mode returns v1alpha1.ModeNFTables.
+func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeNFTables }
+
+// Sync programs the model's families (those present in req.Model.Ports)
+// into the table of each, one transaction per family.
+//
+// An incremental sync rewrites only the objects of the service ports in
+// req.Changed. If the kernel rejects it (something we expected to find
+// is gone) it is retried at once as a full sync, which rewrites the whole
+// table from the model and so repairs any drift; a full sync that fails
+// in place is retried as a replacement of the whole table. Callers should
+// still ask for a full sync now and then, since drift that an incremental
+// sync does not trip over (a flushed chain) is only repaired by one.
+func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	if req.Model == nil {
+		return dataplane.Counts{}, errors.New("nftables: sync without a model")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, f := range families {
+		ports, ok := req.Model.Ports[f.model]
+		if !ok {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := b.syncFamily(f, ports, req); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var c dataplane.Counts
+	for _, st := range b.state {
+		c = add(c, st.rs.counts())
+	}
+	return c, errors.Join(errs...)
+}
+
+func (b *Backend) syncFamily(f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
+	if st := b.state[f]; st != nil && !req.Full {
+		if err := b.incremental(f, st, ports, req.Changed); err == nil {
+			return nil
+		}
+	}
+	return b.full(f, ports)
+}
+
+// full rewrites the family's table from the model.
+func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+	rs, claims := render(f, ports, b.rc[f])
+	kt, err := b.list(f)
+	if err != nil {
+		return err
+	}
+	ops, stale := fullPlan(rs, kt)
+	if err := b.commit(f, ops); err != nil {
+		if err2 := b.commit(f, replacePlan(rs, kt != nil)); err2 != nil {
+			return fmt.Errorf("nftables: sync %s table: %w", f.name, errors.Join(err, err2))
+		}
+		stale = nil
+	}
+	b.state[f] = &familyState{rs: rs, claims: claims}
+	b.stale[f] = map[string]bool{}
+	for _, c := range stale {
+		b.stale[f][c] = true
+	}
+	b.deleteStale(f)
+	return nil
+}
+
+// incremental rewrites the objects of the changed service ports.
+func (b *Backend) incremental(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) error {
+	changes := planChanges(f, st, ports, changed, b.rc[f])
+	if len(changes) == 0 {
+		return nil
+	}
+	ops, stale := incrementalPlan(changes)
+	if err := b.commit(f, ops); err != nil {
+		return err
+	}
+	for _, ch := range changes {
+		if ch.old != nil {
+			st.claims.release(ch.name, ch.old)
+		}
+	}
+	for _, ch := range changes {
+		if ch.new == nil {
+			delete(st.rs.ports, ch.name)
+			continue
+		}
+		st.claims.claim(ch.name, ch.new)
+		st.rs.ports[ch.name] = ch.new
+	}
+	// A chain flushed by an earlier sync may be wanted again: it exists,
+	// empty, and this sync has refilled it.
+	for _, c := range stale {
+		b.stale[f][c] = true
+	}
+	for _, ch := range changes {
+		if ch.new != nil {
+			for _, c := range ch.new.chains {
+				delete(b.stale[f], c.name)
+			}
+		}
+	}
+	b.deleteStale(f)
+	return nil
+}
+
+// planChanges renders the changed ports (a changed name absent from the
+// model was deleted) and pairs them with what was programmed for them.
+// A key of a shared map that an unchanged port holds stays with it.
+func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet, rc renderConfig) []portChange {
+	var changes []portChange
+	batch := claimIndex{}
+	for _, name := range sortedNames(changed) {
+		old := st.rs.ports[name]
+		sp := ports[name]
+		if sp == nil && old == nil {
+			continue
+		}
+		var nw *portObjects
+		if sp != nil {
+			nw = renderPort(f, sp, rc)
+			for m, elems := range nw.shared {
+				kept := elems[:0]
+				for _, e := range elems {
+					if owner, ok := st.claims[m][e.text]; ok && owner != name {
+						if _, alsoChanged := changed[owner]; !alsoChanged {
+							continue
+						}
+					}
+					kept = append(kept, e)
+				}
+				nw.shared[m] = kept
+			}
+			batch.claim(name, nw)
+		}
+		changes = append(changes, portChange{name: name, old: old, new: nw})
+	}
+	return changes
+}
+
+// deleteStale deletes the chains a sync left flushed and unreferenced.
+// It runs as a transaction of its own, after the one that dropped the
+// last reference: kernels before 6.2 notice a chain is no longer
+// referenced by a map element only some time after the element is gone,
+// and refuse to delete it until then. What fails now is retried after
+// the next sync; an empty chain nothing jumps to is harmless meanwhile.
+func (b *Backend) deleteStale(f *family) {
+	if len(b.stale[f]) == 0 {
+		return
+	}
+	var ops []op
+	for _, c := range slices.Sorted(maps.Keys(b.stale[f])) {
+		ops = append(ops, op{kind: opDelChain, name: c})
+	}
+	if b.commit(f, ops) == nil {
+		b.stale[f] = map[string]bool{}
+	}
+}
+
+// commit sends ops as one transaction on the family's table.
+func (b *Backend) commit(f *family, ops []op) error {
+	t := newTxn(b.netns)
+	if err := queue(t.conn, f, ops); err != nil {
+		return err
+	}
+	return t.commit()
+}
+
+// conn returns a google/nftables connection for reading.
+func (b *Backend) conn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithNetNSFd(b.netns))
+}
+
+// table returns our table of family f as the kernel has it, nil if absent.
+func (b *Backend) table(conn *nftables.Conn, f *family) (*nftables.Table, error) {
+	tables, err := conn.ListTablesOfFamily(f.table)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s tables: %w", f.name, err)
+	}
+	for _, t := range tables {
+		if t.Name == TableName {
+			return t, nil
+		}
+	}
+	return nil, nil
+}
+
+// list reads the definitions of the chains and named sets of the
+// family's table; nil if there is no table.
+func (b *Backend) list(f *family) (*kernelTable, error) {
+	conn, err := b.conn()
+	if err != nil {
+		return nil, err
+	}
+	t, err := b.table(conn, f)
+	if err != nil || t == nil {
+		return nil, err
+	}
+	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
+	chains, err := conn.ListChainsOfTableFamily(f.table)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s chains: %w", f.name, err)
+	}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == TableName {
+			kt.chains[c.Name] = c
+		}
+	}
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+	}
+	for _, s := range sets {
+		if !s.Anonymous {
+			kt.sets[s.Name] = s
+		}
+	}
+	return kt, nil
+}
+
+// Programmed reads back what the kernel holds in both families' tables:
+// Services counts the service ports with elements in the shared maps,
+// Endpoints the endpoint chains with rules, Rules every rule plus every
+// element of the maps and sets a sync writes (not the affinity sets,
+// which the packet path fills).
+func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	var total dataplane.Counts
+	conn, err := b.conn()
+	if err != nil {
+		return total, err
+	}
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		t, err := b.table(conn, f)
+		if err != nil {
+			return total, err
+		}
+		if t == nil {
+			continue
+		}
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			return total, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+		}
+		services := map[string]bool{}
+		for _, s := range sets {
+			if s.Anonymous || s.HasTimeout {
+				continue
+			}
+			elems, err := conn.GetSetElements(s)
+			if err != nil {
+				return total, fmt.Errorf("nftables: list %s set %s: %w", f.name, s.Name, err)
+			}
+			for _, e := range elems {
+				if e.IntervalEnd {
+					continue
+				}
+				total.Rules++
+				if sharedMaps[s.Name] && e.Comment != "" {
+					services[e.Comment] = true
+				}
+			}
+		}
+		total.Services += len(services)
+		counts, err := ruleCounts(b.netns, f.table, TableName)
+		if err != nil {
+			return total, err
+		}
+		for chain, n := range counts {
+			total.Rules += n
+			if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
+				total.Endpoints++
+			}
+		}
+	}
+	return total, nil
+}
+
+// Present says whether the proxyshift table exists in either family:
+// whether this node has (or had, if it was never cleaned up) nftables
+// mode programmed, as an agent starting up needs to know.
+func (b *Backend) Present(ctx context.Context) (bool, error) {
+	conn, err := b.conn()
+	if err != nil {
+		return false, err
+	}
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		t, err := b.table(conn, f)
+		if err != nil || t != nil {
+			return t != nil, err
+		}
+	}
+	return false, nil
+}
+
+// Cleanup deletes the proxyshift table of both families, with everything
+// in it, and returns one line per deleted table. Missing tables are not an
+// error. The next Sync is a full one.
+func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state = map[*family]*familyState{}
+	b.stale = map[*family]map[string]bool{}
+	conn, err := b.conn()
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return removed, err
+		}
+		t, err := b.table(conn, f)
+		if err != nil {
+			return removed, err
+		}
+		if t == nil {
+			continue
+		}
+		if err := b.commit(f, []op{{kind: opDelTable}}); err != nil {
+			return removed, fmt.Errorf("nftables: delete table %s %s: %w", f.name, TableName, err)
+		}
+		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
+	}
+	return removed, nil
+}
+
+// sharedMaps are the maps whose elements belong to service ports.
+var sharedMaps = map[string]bool{
+	mapServiceIPs: true, mapServiceNodePorts: true, mapNoEndpointServices: true,
+	mapNoEndpointNodePorts: true, mapFirewallIPs: true,
+}
+
+// counts are the sizes of a ruleset, as Programmed reads them back.
+func (rs *ruleset) counts() dataplane.Counts {
+	var c dataplane.Counts
+	for _, ch := range rs.chains {
+		c.Rules += len(ch.rules)
+	}
+	for _, s := range rs.sets {
+		c.Rules += len(s.elems)
+	}
+	for _, objs := range rs.ports {
+		shared := 0
+		for _, elems := range objs.shared {
+			shared += len(elems)
+		}
+		if shared > 0 {
+			c.Services++
+		}
+		c.Rules += shared
+		c.Endpoints += objs.endpoints
+		for _, ch := range objs.chains {
+			c.Rules += len(ch.rules)
+		}
+		for _, s := range objs.sets {
+			c.Rules += len(s.elems)
+		}
+	}
+	return c
+}
+
+func add(a, b dataplane.Counts) dataplane.Counts {
+	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
+}

@@ -1,0 +1,100 @@
+package nftables
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// String dumps the ruleset in nft's syntax, deterministically: sets and
+// maps by name, then the base chains in hook order, then the other chains
+// by name. It is what golden files hold and what `nft list table` would
+// show, comments aside.
+func (rs *ruleset) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table %s %s {\n", rs.f.name, TableName)
+	for _, s := range rs.allSets() {
+		s.dump(&b)
+	}
+	for _, c := range rs.allChains() {
+		c.dump(&b)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// allSets returns every set and map of the table, the shared maps with
+// the elements of all ports, sorted by name.
+func (rs *ruleset) allSets() []*set {
+	shared := map[string][]element{}
+	var sets []*set
+	for _, objs := range rs.ports {
+		for m, elems := range objs.shared {
+			shared[m] = append(shared[m], elems...)
+		}
+		sets = append(sets, objs.sets...)
+	}
+	for _, s := range rs.sets {
+		if elems, ok := shared[s.name]; ok {
+			c := *s
+			c.elems = append(slices.Clone(s.elems), elems...)
+			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
+			s = &c
+		}
+		sets = append(sets, s)
+	}
+	slices.SortFunc(sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
+	return sets
+}
+
+// allChains returns every chain: the base chains first, then the others
+// sorted by name.
+func (rs *ruleset) allChains() []*chain {
+	var base, regular []*chain
+	for _, c := range rs.chains {
+		if c.hook != nil {
+			base = append(base, c)
+		} else {
+			regular = append(regular, c)
+		}
+	}
+	for _, objs := range rs.ports {
+		regular = append(regular, objs.chains...)
+	}
+	slices.SortFunc(regular, func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
+	return append(base, regular...)
+}
+
+func (s *set) dump(b *strings.Builder) {
+	kind, typ := "set", s.keyText
+	if s.verdictMap {
+		kind, typ = "map", s.keyText+" : verdict"
+	}
+	fmt.Fprintf(b, "\t%s %s {\n\t\ttype %s\n", kind, s.name, typ)
+	switch {
+	case s.interval:
+		b.WriteString("\t\tflags interval\n")
+	case s.dynamic():
+		fmt.Fprintf(b, "\t\tflags dynamic,timeout\n\t\ttimeout %ds\n", int64(s.timeout.Seconds()))
+	}
+	if len(s.elems) > 0 {
+		b.WriteString("\t\telements = {\n")
+		for _, e := range s.elems {
+			fmt.Fprintf(b, "\t\t\t%s,\n", e)
+		}
+		b.WriteString("\t\t}\n")
+	}
+	b.WriteString("\t}\n")
+}
+
+func (c *chain) dump(b *strings.Builder) {
+	fmt.Fprintf(b, "\tchain %s {\n", c.name)
+	if h := c.hook; h != nil {
+		fmt.Fprintf(b, "\t\ttype %s hook %s priority %d; policy accept;\n", h.typ, h.hookName, h.priority)
+	}
+	for _, r := range c.rules {
+		fmt.Fprintf(b, "\t\t%s\n", r.text)
+	}
+	b.WriteString("\t}\n")
+}

@@ -1,0 +1,114 @@
+package nftables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"strconv"
+	"strings"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// TableName is the name of the table proxyshift owns in the ip and ip6
+// families. Nothing outside it is ever created, changed or deleted.
+const TableName = "proxyshift"
+
+// Names of the objects every table has, whatever the services.
+const (
+	chainFilterPrerouting = "filter-prerouting"
+	chainFilterInput      = "filter-input"
+	chainFilterForward    = "filter-forward"
+	chainFilterOutput     = "filter-output"
+	chainNATPrerouting    = "nat-prerouting"
+	chainNATOutput        = "nat-output"
+	chainNATPostrouting   = "nat-postrouting"
+
+	chainServices      = "services"
+	chainFirewallCheck = "firewall-check"
+	chainEndpointCheck = "endpoints-check"
+	chainReject        = "reject-chain"
+	chainMarkMasq      = "mark-for-masquerade"
+	chainMasquerading  = "masquerading"
+
+	mapServiceIPs          = "service-ips"
+	mapServiceNodePorts    = "service-nodeports"
+	mapNoEndpointServices  = "no-endpoint-services"
+	mapNoEndpointNodePorts = "no-endpoint-nodeports"
+	mapFirewallIPs         = "firewall-ips"
+	setNodePortIPs         = "nodeport-ips"
+	setClusterCIDRs        = "cluster-cidrs"
+)
+
+// Prefixes of the per-service-port object names. Every per-service name
+// contains a "/", which no fixed name does.
+const (
+	prefixService   = "service-"
+	prefixLocal     = "local-"
+	prefixExternal  = "external-"
+	prefixFirewall  = "firewall-"
+	prefixEndpoint  = "endpoint-"
+	prefixAffinity  = "affinity-"
+	prefixEndpoints = "endpoints-"
+	prefixLocalEPs  = "local-endpoints-"
+)
+
+// maxNameLen is the longest chain or set name the kernel accepts
+// (NFT_NAME_MAXLEN minus the terminating NUL).
+const maxNameLen = 255
+
+// servicePortNames are the names of one service port's objects.
+type servicePortNames struct {
+	// service holds the Cluster-policy endpoint choice, local the
+	// Local-policy one; external is where external destinations go
+	// first, firewall checks loadBalancerSourceRanges.
+	service, local, external, firewall string
+	// serviceMap and localMap are the numgen verdict maps of the two
+	// endpoint-choosing chains.
+	serviceMap, localMap string
+	// comment tags the port's elements in the shared maps.
+	comment string
+	base    string
+}
+
+// namesFor derives the names of a service port's objects from the port's
+// identity only, so that they survive agent restarts: a hash (which keeps
+// names unique and tells similar ones apart at a glance) followed by a
+// readable namespace/name/protocol/port.
+func namesFor(n model.ServicePortName) servicePortNames {
+	readable := n.Namespace + "/" + n.Name + "/" + strings.ToLower(string(n.Protocol)) + "/" + n.Port
+	base := hashed(readable)
+	return servicePortNames{
+		service:    limit(prefixService + base),
+		local:      limit(prefixLocal + base),
+		external:   limit(prefixExternal + base),
+		firewall:   limit(prefixFirewall + base),
+		serviceMap: limit(prefixEndpoints + base),
+		localMap:   limit(prefixLocalEPs + base),
+		comment:    n.String(),
+		base:       readable,
+	}
+}
+
+// endpointNames returns the chain and affinity set names of one endpoint
+// of the service port whose readable base name is base.
+func endpointNames(base string, ep model.Endpoint) (chain, affinity string) {
+	// Colons of IPv6 addresses would need quoting in nft's syntax.
+	ip := strings.ReplaceAll(ep.IP.String(), ":", ".")
+	h := hashed(base + "__" + ip + "/" + strconv.Itoa(int(ep.Port)))
+	return limit(prefixEndpoint + h), limit(prefixAffinity + h)
+}
+
+// hashed prefixes s with 8 base32 characters of its SHA-256.
+func hashed(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + s
+}
+
+// limit truncates a name the kernel would refuse; the hash in front keeps
+// truncated names unique.
+func limit(name string) string {
+	if len(name) > maxNameLen {
+		return name[:maxNameLen-3] + "..."
+	}
+	return name
+}

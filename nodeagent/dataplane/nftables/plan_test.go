@@ -1,0 +1,283 @@
+package nftables
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// manyPorts returns n ClusterIP services with eps endpoints each.
+func manyPorts(n, eps int) map[model.ServicePortName]*model.ServicePort {
+	ports := map[model.ServicePortName]*model.ServicePort{}
+	for i := range n {
+		var opts []func(*model.ServicePort)
+		for j := range eps {
+			opts = append(opts, ep(fmt.Sprintf("10.%d.%d.%d", 128+i/65536, i/256%256, i%256), int32(8000+j)))
+		}
+		sp := svc("ns", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), 80, opts...)
+		ports[sp.Name] = sp
+	}
+	return ports
+}
+
+// stateOf is the backend's memory after a full sync of ports.
+func stateOf(ports map[model.ServicePortName]*model.ServicePort, rc renderConfig) *familyState {
+	rs, claims := render(ipv4, ports, rc)
+	return &familyState{rs: rs, claims: claims}
+}
+
+// withPort returns ports with sp replacing (or adding) its name.
+func withPort(ports map[model.ServicePortName]*model.ServicePort, sp *model.ServicePort) map[model.ServicePortName]*model.ServicePort {
+	out := maps.Clone(ports)
+	out[sp.Name] = sp
+	return out
+}
+
+func opStrings(ops []op) []string {
+	s := make([]string, len(ops))
+	for i, o := range ops {
+		s[i] = o.String()
+	}
+	return s
+}
+
+func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
+	rc := newRenderConfig(ipv4, testConfig)
+	ports := manyPorts(200, 3)
+	st := stateOf(ports, rc)
+
+	// Service 17 replaces its last endpoint (10.128.0.17:8002) with a new
+	// one on another port.
+	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
+	changed := svc("ns", "svc-17", "http", "10.96.0.17", 80,
+		ep("10.128.0.17", 8000), ep("10.128.0.17", 8001), ep("10.128.0.17", 9000))
+	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, rc))
+
+	n := namesFor(target)
+	oldChain, _ := endpointNames(n.base, ports[target].Endpoints[2])
+	newChain, _ := endpointNames(n.base, changed.Endpoints[2])
+	keep0, _ := endpointNames(n.base, changed.Endpoints[0])
+	keep1, _ := endpointNames(n.base, changed.Endpoints[1])
+	want := []string{
+		"flush chain " + oldChain,
+		"flush map " + n.serviceMap,
+		"add chain " + newChain,
+		"add rule " + newChain + " ip saddr 10.128.0.17 jump mark-for-masquerade",
+		"add rule " + newChain + " meta l4proto tcp dnat to 10.128.0.17:9000",
+		fmt.Sprintf("add element %s { 0 : goto %s, 1 : goto %s, 2 : goto %s }", n.serviceMap, keep0, keep1, newChain),
+	}
+	if got := opStrings(ops); !slices.Equal(got, want) {
+		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if !slices.Equal(stale, []string{oldChain}) {
+		t.Errorf("stale chains %v, want [%s]", stale, oldChain)
+	}
+}
+
+func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
+	rc := newRenderConfig(ipv4, testConfig)
+	ports := manyPorts(100, 2)
+	st := stateOf(ports, rc)
+	names := sortedNames(ports)
+	a, b, c := names[3], names[50], names[99]
+
+	next := maps.Clone(ports)
+	// a loses all endpoints, b is deleted, c gains ClientIP affinity.
+	next[a] = svc(a.Namespace, a.Name, a.Port, ports[a].ClusterIP.String(), 80)
+	delete(next, b)
+	cc := *ports[c]
+	cc.AffinityTimeout = time.Hour
+	next[c] = &cc
+	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, rc)
+	ops, stale := incrementalPlan(changes)
+
+	allowed := []string{namesFor(a).base, namesFor(b).base, namesFor(c).base}
+	for _, o := range ops {
+		s := o.String()
+		if sharedMaps[o.name] {
+			// Elements of shared maps must all belong to a changed port.
+			for _, e := range o.elems {
+				if e.comment != a.String() && e.comment != b.String() && e.comment != c.String() {
+					t.Errorf("op touches another port's element: %s", s)
+				}
+			}
+			continue
+		}
+		if !slices.ContainsFunc(allowed, func(base string) bool { return strings.Contains(o.name, base) }) {
+			t.Errorf("op touches an object of an unchanged port: %s", s)
+		}
+	}
+	got := strings.Join(opStrings(ops), "\n")
+	for _, want := range []string{
+		// a: cluster IP goes from its service chain to reject.
+		"delete element service-ips { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(a).service,
+		"add element no-endpoint-services { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto reject-chain",
+		"delete map " + namesFor(a).serviceMap,
+		// b: gone entirely.
+		"delete element service-ips { " + ports[b].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(b).service,
+		"flush chain " + namesFor(b).service,
+		// c: affinity sets appear, chains are rewritten.
+		"add set affinity-",
+		"flush chain " + namesFor(c).service,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("plan lacks %q:\n%s", want, got)
+		}
+	}
+	// a's and b's service chains and endpoint chains (2 each) are stale.
+	if len(stale) != 6 {
+		t.Errorf("stale chains %v, want 6", stale)
+	}
+}
+
+func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
+	rc := newRenderConfig(ipv4, testConfig)
+	ports := manyPorts(10, 3)
+	st := stateOf(ports, rc)
+	name := sortedNames(ports)[4]
+	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, rc))
+	if len(ops) != 0 || len(stale) != 0 {
+		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)
+	}
+	missingName := model.ServicePortName{Namespace: "ns", Name: "never-existed", Protocol: "TCP"}
+	if ch := planChanges(ipv4, st, ports, model.ChangeSet{missingName: {}}, rc); len(ch) != 0 {
+		t.Errorf("deleting a port never programmed: %v", ch)
+	}
+}
+
+func TestSharedKeyConflicts(t *testing.T) {
+	rc := newRenderConfig(ipv4, testConfig)
+	// Two services claim external IP 198.18.50.5 port 80.
+	first := svc("a", "first", "http", "10.96.0.1", 80, externalIPs("198.18.50.5"), ep("10.244.1.1", 80))
+	second := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80))
+	rs, claims := render(ipv4, portsOf(first, second), rc)
+	owner := func(rs *ruleset) string {
+		for name, objs := range rs.ports {
+			for _, e := range objs.shared[mapServiceIPs] {
+				if strings.HasPrefix(e.text, "198.18.50.5 ") {
+					return name.Name
+				}
+			}
+		}
+		return ""
+	}
+	if got := owner(rs); got != "first" {
+		t.Fatalf("external IP owned by %q, want the first by name", got)
+	}
+	// An incremental sync of the second port keeps away from the key.
+	st := &familyState{rs: rs, claims: claims}
+	second2 := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80), ep("10.244.1.3", 80))
+	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, rc))
+	if len(ops) == 0 {
+		t.Fatal("no ops for a changed port")
+	}
+	for _, o := range ops {
+		if o.name == mapServiceIPs && strings.Contains(o.String(), "198.18.50.5") {
+			t.Errorf("incremental sync of the second port touches the first's key: %s", o)
+		}
+	}
+}
+
+func TestFullPlanInPlace(t *testing.T) {
+	rc := newRenderConfig(ipv4, testConfig)
+	sp := svc("default", "session", "http", "10.96.0.30", 80, affinity(time.Hour), ep("10.244.1.2", 8080))
+	rs, _ := render(ipv4, portsOf(sp), rc)
+	_, affinitySet := endpointNames(namesFor(sp.Name).base, sp.Endpoints[0])
+
+	// The kernel has the table from an earlier agent: the same objects,
+	// plus a stale chain, a base chain at the wrong priority and a
+	// service-ips map, and the affinity set with its state.
+	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
+	for _, c := range rs.allChains() {
+		kc := &nftables.Chain{Name: c.name}
+		if c.hook != nil {
+			prio := c.hook.priority
+			if c.name == chainNATPrerouting {
+				prio = -100
+			}
+			kc.Type, kc.Hooknum, kc.Priority = c.hook.typ, nftables.ChainHookRef(c.hook.num), nftables.ChainPriorityRef(prio)
+		}
+		kt.chains[c.name] = kc
+	}
+	kt.chains["service-OLD-default/gone/tcp/http"] = &nftables.Chain{Name: "service-OLD-default/gone/tcp/http"}
+	for _, s := range rs.allSets() {
+		kt.sets[s.name] = kernelSet(nil, s)
+	}
+	kt.sets["affinity-OLD-default/gone/tcp/http__10.244.9.9/80"] = &nftables.Set{HasTimeout: true, Dynamic: true, Timeout: time.Hour}
+
+	ops, stale := fullPlan(rs, kt)
+	got := opStrings(ops)
+	has := func(s string) bool { return slices.Contains(got, s) }
+	for _, want := range []string{
+		"add table",
+		"flush chain " + chainServices,
+		"flush map " + mapServiceIPs,
+		"delete chain " + chainNATPrerouting,
+		"add chain " + chainNATPrerouting,
+		"delete set affinity-OLD-default/gone/tcp/http__10.244.9.9/80",
+		"flush chain service-OLD-default/gone/tcp/http",
+	} {
+		if !has(want) {
+			t.Errorf("full plan lacks %q", want)
+		}
+	}
+	for _, unwanted := range []string{
+		"flush set " + affinitySet, "delete set " + affinitySet, "add set " + affinitySet,
+		"add chain " + chainServices, "delete table",
+	} {
+		if has(unwanted) {
+			t.Errorf("full plan has %q: affinity state and existing chains must be kept", unwanted)
+		}
+	}
+	if !slices.Equal(stale, []string{"service-OLD-default/gone/tcp/http"}) {
+		t.Errorf("stale %v", stale)
+	}
+
+	// Without a table, the plan creates everything.
+	ops, stale = fullPlan(rs, nil)
+	if len(stale) != 0 || ops[0].kind != opAddTable {
+		t.Fatalf("plan for a missing table: %v, stale %v", opStrings(ops)[:1], stale)
+	}
+	chains, sets := 0, 0
+	for _, o := range ops {
+		switch o.kind {
+		case opAddChain:
+			chains++
+		case opAddSet:
+			sets++
+		case opFlushChain, opFlushSet, opDelChain, opDelSet:
+			t.Errorf("plan for a missing table: %s", o)
+		}
+	}
+	if chains != len(rs.allChains()) || sets != len(rs.allSets()) {
+		t.Errorf("plan for a missing table adds %d chains and %d sets, want %d and %d", chains, sets, len(rs.allChains()), len(rs.allSets()))
+	}
+}
+
+func TestChunks(t *testing.T) {
+	var elems []element
+	for i := range 5000 {
+		elems = append(elems, element{key: make([]byte, 12), comment: strings.Repeat("x", 60), verdict: gotoChain(strings.Repeat("c", 200) + fmt.Sprint(i))})
+	}
+	total := 0
+	for _, c := range chunks(elems) {
+		size := 0
+		for _, e := range c {
+			size += 64 + len(e.key) + len(e.comment) + len(e.verdict.chain)
+		}
+		if size > maxElementBytes {
+			t.Errorf("chunk of %d bytes", size)
+		}
+		total += len(c)
+	}
+	if total != len(elems) {
+		t.Errorf("chunks hold %d elements, want %d", total, len(elems))
+	}
+}

@@ -1,0 +1,162 @@
+// Package agent_test runs the agent's real informer-to-kernel path: a
+// Service and EndpointSlice written to a real API server reach nftables in a
+// lab node's namespace and carry traffic from a client namespace.
+package agent_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/agent"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/test/netlab"
+	"github.com/proxyshift/proxyshift/test/testenv"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
+	netlab.RequireRoot(t)
+	env := testenv.Start(t)
+	lab := netlab.NewLab(t)
+	pods := []*netlab.Pod{lab.Node.AddPod(t, "web-a"), lab.Node.AddPod(t, "web-b")}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kube := kubernetes.NewForConfigOrDie(env.Config)
+
+	const nodeName = "lab-node"
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	metrics, healthz := freeAddr(t), freeAddr(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(ctx, kube, agent.Options{
+			NodeName: nodeName,
+			Mode:     v1alpha1.ModeNFTables,
+			Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
+				v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
+					return nftables.New(cfg, nftables.WithNetNSFd(lab.Node.NS.FD()))
+				},
+			},
+			ClusterCIDRs:  []netip.Prefix{lab.Node.PodCIDR},
+			MasqueradeBit: 14,
+			MinSyncPeriod: 100 * time.Millisecond,
+			SyncPeriod:    time.Minute,
+			MetricsAddr:   metrics,
+			HealthzAddr:   healthz,
+			NetNS:         lab.Node.NS.Handle,
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+
+	svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var endpoints []discoveryv1.Endpoint
+	for _, p := range pods {
+		endpoints = append(endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(nodeName), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
+	}
+	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   endpoints,
+		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	clusterIP := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
+	nodePort := netip.AddrPortFrom(netlab.NodeIP, uint16(svc.Spec.Ports[0].NodePort))
+	for _, target := range []netip.AddrPort{clusterIP, nodePort} {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			tally := lab.Client.NS.Spread(netlab.TCP, target, 40, time.Second)
+			if len(tally.Answers) == len(pods) && tally.Answered() == 40 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not every pod answered through the agent's rules: %v", target, tally)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	// An endpoint removed through the API stops getting traffic.
+	if err := kube.DiscoveryV1().EndpointSlices("default").Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := lab.Client.NS.Request(netlab.TCP, clusterIP, time.Second)
+		if netlab.KindOf(err) == netlab.Refused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service without endpoints not refused after the slice was deleted: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	if code, body := get("http://" + healthz + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	code, body := get("http://" + metrics + "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, m := range []string{"proxyshift_sync_proxy_rules_duration_seconds_bucket", "proxyshift_network_programming_duration_seconds_count", "proxyshift_sync_proxy_rules_last_timestamp_seconds", "proxyshift_programmed_services"} {
+		if !strings.Contains(body, m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+}
+
+func boolPtr(b bool) *bool                        { return &b }
+func strPtr(s string) *string                     { return &s }
+func int32Ptr(i int32) *int32                     { return &i }
+func protoPtr(p corev1.Protocol) *corev1.Protocol { return &p }

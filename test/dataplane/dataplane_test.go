@@ -1,0 +1,373 @@
+package dataplane_test
+
+import (
+	"io"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// backend is one row of the suite: a dataplane and how to drive it.
+type backend struct {
+	name string
+	// skip calls t.Skip, naming what is missing (a binary, a kernel
+	// feature), when the backend cannot run in node; else it returns.
+	skip func(t *testing.T, node *netlab.NetNS)
+	// new creates the backend programming node's namespace. It must leave
+	// what is programmed as it is until the first Sync (the restart check
+	// relies on that) and registers with t.Cleanup whatever the object
+	// holds (netlink sockets and the like).
+	new func(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend
+	// drift damages what the backend programmed in node, by hand, the way
+	// an administrator or another program might.
+	drift func(t *testing.T, node *netlab.NetNS)
+	// dump renders what the backend programmed in node as the kernel
+	// reports it; every failing check logs it.
+	dump func(node *netlab.NetNS) string
+}
+
+// backends are the rows of the suite. Adding a dataplane is adding a row.
+var backends = []backend{
+	{
+		name:  "nftables",
+		skip:  skipWithoutNFTables,
+		new:   newNFTables,
+		drift: nftDeleteTable,
+		dump:  nftDump,
+	},
+}
+
+const (
+	// requests is how many requests a load-balancing check makes; with
+	// three endpoints the chance that a working random balancer misses
+	// one is below 1e-10.
+	requests = 60
+	// okTimeout bounds a request that should be answered.
+	okTimeout = 2 * time.Second
+	// failTimeout bounds a request that should not be answered; a
+	// rejected one must fail well within it.
+	failTimeout = 500 * time.Millisecond
+)
+
+var (
+	nodeConfig = dataplane.NodeConfig{
+		NodeName:      "node-1",
+		NodeIPs:       []netip.Addr{netlab.NodeIP},
+		ClusterCIDRs:  []netip.Prefix{netlab.PodCIDR},
+		MasqueradeBit: 14,
+	}
+	// The services' addresses, from netlab.ServiceCIDR.
+	webIP       = netip.MustParseAddr("198.19.0.10")
+	stickyIP    = netip.MustParseAddr("198.19.0.11")
+	dnsIP       = netip.MustParseAddr("198.19.0.12")
+	nodePortIP  = netip.MustParseAddr("198.19.0.13")
+	lbClusterIP = netip.MustParseAddr("198.19.0.14")
+	externalIP  = netip.MustParseAddr("198.19.1.14")
+	lbIP        = netip.MustParseAddr("198.19.2.14")
+	emptyIP     = netip.MustParseAddr("198.19.0.15")
+	localIP     = netip.MustParseAddr("198.19.0.16")
+	noLocalIP   = netip.MustParseAddr("198.19.0.17")
+	churnIP     = netip.MustParseAddr("198.19.0.18")
+)
+
+const (
+	nodePort        = 30080
+	localNodePort   = 30086
+	noLocalNodePort = 30087
+)
+
+// pods are the lab's pods: a, b and c run on this node; d stands for a pod
+// on another node (it is on the same bridge, so a backend that wrongly
+// sends it local-only traffic gets an answer from it and is caught).
+type pods struct{ a, b, c, d *netlab.Pod }
+
+// services builds the suite's service ports.
+func services(p pods) map[model.ServicePortName]*model.ServicePort {
+	svc := func(name string, proto corev1.Protocol, ip netip.Addr, port int32, eps ...*netlab.Pod) *model.ServicePort {
+		sp := &model.ServicePort{
+			Name:      model.ServicePortName{Namespace: "suite", Name: name, Port: "p", Protocol: proto},
+			Family:    corev1.IPv4Protocol,
+			ClusterIP: ip,
+			Protocol:  proto,
+			Port:      port,
+		}
+		for _, pod := range eps {
+			sp.Endpoints = append(sp.Endpoints, endpoint(pod, pod != p.d))
+		}
+		return sp
+	}
+	sticky := svc("sticky", corev1.ProtocolTCP, stickyIP, 80, p.a, p.b, p.c)
+	sticky.AffinityTimeout = 3 * time.Hour
+	np := svc("nodeport", corev1.ProtocolTCP, nodePortIP, 80, p.a, p.b)
+	np.NodePort = nodePort
+	lb := svc("lb", corev1.ProtocolTCP, lbClusterIP, 80, p.a, p.b)
+	lb.ExternalIPs = []netip.Addr{externalIP}
+	lb.LoadBalancerIPs = []netip.Addr{lbIP}
+	lb.LoadBalancerSourceRanges = []netip.Prefix{netip.PrefixFrom(netlab.ClientIP, 32)}
+	local := svc("local", corev1.ProtocolTCP, localIP, 80, p.a, p.d)
+	local.NodePort = localNodePort
+	local.ExternalPolicyLocal = true
+	noLocal := svc("nolocal", corev1.ProtocolTCP, noLocalIP, 80, p.d)
+	noLocal.NodePort = noLocalNodePort
+	noLocal.ExternalPolicyLocal = true
+
+	out := map[model.ServicePortName]*model.ServicePort{}
+	for _, sp := range []*model.ServicePort{
+		svc("web", corev1.ProtocolTCP, webIP, 80, p.a, p.b, p.c),
+		sticky,
+		svc("dns", corev1.ProtocolUDP, dnsIP, 53, p.a, p.b, p.c),
+		np,
+		lb,
+		svc("empty", corev1.ProtocolTCP, emptyIP, 80),
+		svc("empty", corev1.ProtocolUDP, emptyIP, 53),
+		local,
+		noLocal,
+		svc("churn", corev1.ProtocolTCP, churnIP, 80, p.a, p.b, p.c),
+	} {
+		out[sp.Name] = sp
+	}
+	return out
+}
+
+func endpoint(p *netlab.Pod, local bool) model.Endpoint {
+	node := "node-1"
+	if !local {
+		node = "node-2"
+	}
+	return model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: node, IsLocal: local}
+}
+
+func snapshot(ports map[model.ServicePortName]*model.ServicePort) *model.Snapshot {
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: ports}}
+}
+
+func TestDataplane(t *testing.T) {
+	netlab.RequireRoot(t)
+	for _, row := range backends {
+		t.Run(row.name, func(t *testing.T) { runSuite(t, row) })
+	}
+}
+
+// runSuite runs every check against one backend, in one lab. The checks
+// run in order and share the programmed state; the last three (restart,
+// drift, cleanup) change it on purpose.
+func runSuite(t *testing.T, row backend) {
+	lab := netlab.NewLab(t)
+	node := lab.Node
+	row.skip(t, node.NS)
+	p := pods{a: node.AddPod(t, "pod-a"), b: node.AddPod(t, "pod-b"), c: node.AddPod(t, "pod-c"), d: node.AddPod(t, "pod-d")}
+	ports := services(p)
+	ctx := t.Context()
+
+	// check runs one check as a subtest and, if it fails, logs what the
+	// backend has programmed at that moment.
+	check := func(name string, fn func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if t.Failed() {
+					t.Logf("%s state in the node namespace:\n%s", row.name, row.dump(node.NS))
+				}
+			}()
+			fn(t)
+		})
+	}
+
+	b := row.new(t, node.NS, nodeConfig)
+	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Full: true}); err != nil {
+		t.Fatalf("first full sync: %v\n%s", err, row.dump(node.NS))
+	}
+	programmed, err := b.Programmed(ctx)
+	if err != nil {
+		t.Fatalf("programmed after the first sync: %v", err)
+	}
+	t.Logf("programmed: %+v", programmed)
+	if programmed.Services != len(ports) {
+		t.Errorf("programmed %d services, want %d", programmed.Services, len(ports))
+	}
+
+	client, other := lab.Client.NS, lab.OtherClient.NS
+	all := []string{"pod-a", "pod-b", "pod-c"}
+	svcAddr := func(ip netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(port)) }
+	web := svcAddr(webIP, 80)
+
+	check("cluster-ip", func(t *testing.T) {
+		expectSpread(t, client, netlab.TCP, web, all)
+	})
+	check("session-affinity", func(t *testing.T) {
+		tally := client.Spread(netlab.TCP, svcAddr(stickyIP, 80), requests, okTimeout)
+		if tally.Answered() != requests || len(tally.Answers) != 1 {
+			t.Errorf("%d requests with ClientIP affinity: %v; want all answered by one pod", requests, tally)
+		}
+	})
+	check("udp-cluster-ip", func(t *testing.T) {
+		expectSpread(t, client, netlab.UDP, svcAddr(dnsIP, 53), all)
+	})
+	check("node-port", func(t *testing.T) {
+		expectSpread(t, client, netlab.TCP, svcAddr(netlab.NodeIP, nodePort), []string{"pod-a", "pod-b"})
+	})
+	check("external-ip", func(t *testing.T) {
+		// Source ranges guard load-balancer IPs only, as in kube-proxy:
+		// the external IP answers every client.
+		expectSpread(t, client, netlab.TCP, svcAddr(externalIP, 80), []string{"pod-a", "pod-b"})
+		expectSpread(t, other, netlab.TCP, svcAddr(externalIP, 80), []string{"pod-a", "pod-b"})
+	})
+	check("load-balancer-source-ranges", func(t *testing.T) {
+		lb := svcAddr(lbIP, 80)
+		expectSpread(t, client, netlab.TCP, lb, []string{"pod-a", "pod-b"})
+		if got, err := other.Request(netlab.TCP, lb, failTimeout); err == nil {
+			t.Errorf("client %s outside the source ranges reached %s: answered by %s", netlab.OtherClientIP, lb, got)
+		} else {
+			t.Logf("client outside the source ranges: %v", err)
+		}
+	})
+	check("no-endpoints-rejects", func(t *testing.T) {
+		expectRefused(t, client, netlab.TCP, svcAddr(emptyIP, 80))
+		expectRefused(t, client, netlab.UDP, svcAddr(emptyIP, 53))
+	})
+	check("external-traffic-policy-local", func(t *testing.T) {
+		// Only the local endpoint answers on the node port; the cluster
+		// IP still uses every endpoint.
+		expectSpread(t, client, netlab.TCP, svcAddr(netlab.NodeIP, localNodePort), []string{"pod-a"})
+		expectSpread(t, client, netlab.TCP, svcAddr(localIP, 80), []string{"pod-a", "pod-d"})
+		// No local endpoint: external traffic is dropped, not sent away.
+		got, err := client.Request(netlab.TCP, svcAddr(netlab.NodeIP, noLocalNodePort), failTimeout)
+		if err == nil {
+			t.Errorf("node port without local endpoints answered by %s; want dropped", got)
+		} else if netlab.KindOf(err) != netlab.Timeout {
+			t.Errorf("node port without local endpoints: %v; want dropped (timeout)", err)
+		}
+	})
+	check("endpoint-removed-and-restored", func(t *testing.T) {
+		churn := svcAddr(churnIP, 80)
+		name := model.ServicePortName{Namespace: "suite", Name: "churn", Port: "p", Protocol: corev1.ProtocolTCP}
+		changed := model.ChangeSet{name: {}}
+		sp := ports[name]
+		full := sp.Endpoints
+		t.Cleanup(func() { sp.Endpoints = full })
+
+		sp.Endpoints = []model.Endpoint{endpoint(p.a, true), endpoint(p.c, true)}
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Changed: changed}); err != nil {
+			t.Fatalf("sync without pod-b: %v", err)
+		}
+		expectSpread(t, client, netlab.TCP, churn, []string{"pod-a", "pod-c"})
+
+		sp.Endpoints = full
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Changed: changed}); err != nil {
+			t.Fatalf("sync with pod-b back: %v", err)
+		}
+		expectSpread(t, client, netlab.TCP, churn, all)
+		expectSpread(t, client, netlab.TCP, web, all)
+	})
+	check("restart", func(t *testing.T) {
+		before, err := b.Programmed(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		session, err := client.OpenSession(web, okTimeout)
+		if err != nil {
+			t.Fatalf("open a connection to %s: %v", web, err)
+		}
+		defer session.Close()
+
+		// The agent goes away: its object is dropped, the kernel keeps the rules.
+		if c, ok := b.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				t.Errorf("close the old backend: %v", err)
+			}
+		}
+		b = row.new(t, node.NS, nodeConfig)
+		expectSpread(t, client, netlab.TCP, web, all)
+		if got, err := b.Programmed(ctx); err != nil || got != before {
+			t.Errorf("new backend before its first sync reads %+v, %v; the old one programmed %+v", got, err, before)
+		}
+
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Full: true}); err != nil {
+			t.Fatalf("full sync after the restart: %v", err)
+		}
+		if got, err := b.Programmed(ctx); err != nil || got != before {
+			t.Errorf("after the full sync: %+v, %v; before the restart %+v", got, err, before)
+		}
+		expectSpread(t, client, netlab.TCP, web, all)
+		if err := session.Exchange("after-restart", okTimeout); err != nil {
+			t.Errorf("connection opened before the restart: %v", err)
+		}
+	})
+	check("drift", func(t *testing.T) {
+		before, err := b.Programmed(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row.drift(t, node.NS)
+		damaged, progErr := b.Programmed(ctx)
+		_, reqErr := client.Request(netlab.TCP, web, failTimeout)
+		t.Logf("after drift: programmed %+v (err %v), request to %s: %v", damaged, progErr, web, reqErr)
+		if progErr == nil && damaged == before && reqErr == nil {
+			t.Fatalf("drift changed nothing visible: programmed %+v as before and %s still answers", damaged, web)
+		}
+
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Full: true}); err != nil {
+			t.Fatalf("full sync to repair the drift: %v", err)
+		}
+		if got, err := b.Programmed(ctx); err != nil || got != before {
+			t.Errorf("after the repair: %+v, %v; before the drift %+v", got, err, before)
+		}
+		expectSpread(t, client, netlab.TCP, web, all)
+		expectSpread(t, client, netlab.TCP, svcAddr(netlab.NodeIP, nodePort), []string{"pod-a", "pod-b"})
+	})
+	check("cleanup", func(t *testing.T) {
+		removed, err := b.Cleanup(ctx)
+		if err != nil {
+			t.Fatalf("cleanup: %v", err)
+		}
+		t.Logf("cleanup removed %d objects: %q", len(removed), removed)
+		if len(removed) == 0 {
+			t.Error("cleanup reports it removed nothing")
+		}
+		if got, err := b.Programmed(ctx); err != nil || got != (dataplane.Counts{}) {
+			t.Errorf("programmed after cleanup: %+v, %v; want zero", got, err)
+		}
+		for _, addr := range []netip.AddrPort{web, svcAddr(netlab.NodeIP, nodePort), svcAddr(externalIP, 80)} {
+			if got, err := client.Request(netlab.TCP, addr, failTimeout); err == nil {
+				t.Errorf("%s still answered by %s after cleanup", addr, got)
+			}
+		}
+		if got, err := client.Request(netlab.UDP, svcAddr(dnsIP, 53), failTimeout); err == nil {
+			t.Errorf("UDP %s:53 still answered by %s after cleanup", dnsIP, got)
+		}
+	})
+}
+
+// expectSpread makes requests to addr from ns and checks that every one
+// is answered and that exactly the pods in want answered.
+func expectSpread(t *testing.T, ns *netlab.NetNS, proto netlab.Proto, addr netip.AddrPort, want []string) {
+	t.Helper()
+	tally := ns.Spread(proto, addr, requests, okTimeout)
+	if tally.Answered() != requests || !slices.Equal(tally.Names(), want) {
+		t.Errorf("%d %s requests from %s to %s: %v; want all answered by exactly %v",
+			requests, proto, ns.Name, addr, tally, want)
+	}
+}
+
+// expectRefused checks that a request to addr is refused at once: a
+// reject, not a drop (timeout) nor an answer.
+func expectRefused(t *testing.T, ns *netlab.NetNS, proto netlab.Proto, addr netip.AddrPort) {
+	t.Helper()
+	start := time.Now()
+	got, err := ns.Request(proto, addr, okTimeout)
+	elapsed := time.Since(start)
+	switch {
+	case err == nil:
+		t.Errorf("%s %s answered by %s; want refused", proto, addr, got)
+	case netlab.KindOf(err) != netlab.Refused:
+		t.Errorf("%s %s: %v; want refused", proto, addr, err)
+	case elapsed > okTimeout/4:
+		t.Errorf("%s %s refused only after %v; want at once", proto, addr, elapsed)
+	}
+}

@@ -1,0 +1,15 @@
+// Package dataplane holds the real-packet suite every service-proxy
+// backend must pass. Rendering tests prove a backend writes the rules it
+// means to; only packets prove the rules do what kube-proxy's do. The suite
+// builds a netlab.Lab (a node namespace routing between clients and pod
+// namespaces), programs a fixed set of services into the node's namespace
+// through the dataplane.Backend interface, and checks each behaviour with
+// real TCP and UDP traffic from the clients: load balancing, session
+// affinity, NodePorts, external and load-balancer IPs with source ranges,
+// rejecting services without endpoints, externalTrafficPolicy Local,
+// incremental syncs, restarts, drift repair and cleanup.
+//
+// The suite is one table with a row per backend, so every backend is held
+// to the same behaviour; see backends in dataplane_test.go. The package has
+// no non-test code.
+package dataplane
