@@ -36,9 +36,10 @@ controlplane: ## Build (once) and print the test control plane directory.
 	@hack/controlplane.sh
 
 .PHONY: test
-test: verify ## Run every test against a real API server and real netfilter.
+test: verify ## Run every test: real API server, real netfilter, then the VM's kernel tests.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
+	hack/vm/run.sh
 
 .PHONY: test-vm
 test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.
