@@ -41,9 +41,18 @@ test: verify ## Run every test: real API server, real netfilter, then the VM's k
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
 	hack/vm/run.sh
 
+.PHONY: test-e2e
+test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
+	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
+
 .PHONY: test-vm
 test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.
 	hack/vm/run.sh
+
+.PHONY: bench-vm
+bench-vm: ## Run the IPVS benchmarks in the test VM (emulated: compare them with each other, not with the host).
+	PROXYSHIFT_VM_RUN='^$$' PROXYSHIFT_VM_BENCH="$${PROXYSHIFT_VM_BENCH:-.}" \
+	PROXYSHIFT_VM_MEMORY="$${PROXYSHIFT_VM_MEMORY:-2048}" PROXYSHIFT_VM_TIMEOUT="$${PROXYSHIFT_VM_TIMEOUT:-3600}" hack/vm/run.sh
 
 ##@ Build
 
@@ -51,6 +60,17 @@ test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock 
 build: ## Build the operator and the agent into bin/.
 	CGO_ENABLED=0 go build -o bin/proxyshift-operator ./cmd/operator
 	CGO_ENABLED=0 go build -o bin/proxyshift-agent ./cmd/agent
+
+.PHONY: cluster
+cluster: ## Run a local cluster (API server, operator, 3 node namespaces with agents, pods, Services) until Ctrl-C; as root. CLUSTER_FLAGS="-nodes 5 -mode iptables"
+	go build -o bin/localcluster ./hack/cluster
+	exec bin/localcluster $(CLUSTER_FLAGS)
+
+.PHONY: demo
+demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables under traffic, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates network namespaces and programs netfilter inside them. Run: sudo make demo" >&2; exit 1; fi
+	go build -o bin/demo ./hack/demo
+	exec bin/demo $(DEMO_FLAGS)
 
 .PHONY: run
 run: ## Run the operator against the cluster in $KUBECONFIG.

@@ -5,6 +5,9 @@ set -euo pipefail
 
 declare -A PACKAGES=(
   [ip]=iproute2
+  # The iptables dataplane and its tests use both backends' restore/save.
+  [iptables-legacy-restore]=iptables
+  [iptables-nft-restore]=iptables
   # make test-vm (hack/vm): the VM, its initramfs and the modules tree.
   [qemu-system-x86_64]=qemu-system-x86
   [cpio]=cpio

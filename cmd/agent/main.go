@@ -1,5 +1,10 @@
 // Command proxyshift-agent is the per-node service proxy: it watches
-// Services and EndpointSlices and programs them into the node's dataplane.
+// Services and EndpointSlices and programs them into the node's dataplane,
+// follows its ProxyNode's desired mode (switching make-before-break) and
+// reports the node's state in the ProxyNode's status.
+//
+// `proxyshift-agent --cleanup` removes everything proxyshift owns from the
+// node, says what it removed, and exits (for uninstall).
 package main
 
 import (
@@ -9,10 +14,12 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -20,16 +27,29 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
+	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
+
+// netnsFd is the node's network namespace (--netns) for the backends; 0
+// means the agent's own.
+var netnsFd int
+
+// hiddenFlags are for tests and left out of -help.
+var hiddenFlags = map[string]bool{"netns": true, "test-stop-at-phase": true, "test-fail-verify": true}
 
 func main() {
 	klog.InitFlags(nil)
 	var (
 		kubeconfig        = flag.String("kubeconfig", "", "Path to a kubeconfig; in-cluster configuration when empty.")
 		nodeName          = flag.String("node-name", os.Getenv("NODE_NAME"), "Name of the node this agent proxies for (default $NODE_NAME).")
-		mode              = flag.String("mode", string(v1alpha1.ModeNFTables), "Dataplane to run when standalone: nftables.")
+		mode              = flag.String("mode", string(v1alpha1.ModeNFTables), "Dataplane to run when no ProxyNode asks for one (standalone runs, or spec.desiredMode empty).")
+		followProxyNode   = flag.Bool("proxynode", true, "Follow this node's ProxyNode (spec.desiredMode and settings) and write its status; false runs standalone on --mode (no proxyshift CRDs needed).")
 		clusterCIDRs      = flag.String("cluster-cidr", "", "Comma-separated pod CIDRs; service traffic from outside them is masqueraded.")
 		nodePortAddresses = flag.String("nodeport-addresses", "", "Comma-separated CIDRs, or \"primary\", whose node addresses serve NodePorts; empty means all.")
 		masqueradeAll     = flag.Bool("masquerade-all", false, "Masquerade all service traffic.")
@@ -38,14 +58,45 @@ func main() {
 		syncPeriod        = flag.Duration("sync-period", 30*time.Second, "Time between two full resyncs, which repair drift.")
 		metricsAddr       = flag.String("metrics-bind-address", "127.0.0.1:10249", "Address of the Prometheus /metrics endpoint; empty disables it.")
 		healthzAddr       = flag.String("healthz-bind-address", "0.0.0.0:10256", "Address of the /healthz and /livez endpoints; empty disables them.")
+		modulesDir        = flag.String("modules-dir", "", "Kernel modules directory (modules.dep, modules.builtin and the modules); /lib/modules/$(uname -r) when empty.")
+		procModules       = flag.String("proc-modules", "", "File listing the loaded modules; /proc/modules when empty.")
+		sysModule         = flag.String("sys-module", "", "sysfs module directory; /sys/module when empty.")
+		adoptKubeProxy    = flag.Bool("adopt-kube-proxy", false, "This node is taken over from kube-proxy (which must have stopped here): once the desired mode is programmed and verified, remove kube-proxy's leftovers (its KUBE-* chains in both iptables backends, its kube-proxy nftables tables, kube-ipvs0 and its IPVS services, its ipsets).")
+		doCleanup         = flag.Bool("cleanup", false, "Remove everything proxyshift owns from this node (both iptables backends, nftables, ipsets, dummy interface, IPVS services on it), print what was removed, and exit.")
+		netnsName         = flag.String("netns", "", "Testing only: program the network namespace /run/netns/NAME instead of the agent's own.")
+		stopAt            = flag.String("test-stop-at-phase", "", "Testing only: hang once a switch has done this phase's work (Preparing, Programming, Verifying, CleaningUp).")
+		failVerify        = flag.Bool("test-fail-verify", false, "Testing only: make every Verifying phase fail.")
 	)
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage of %s:\n", filepath.Base(os.Args[0]))
+		flag.VisitAll(func(f *flag.Flag) {
+			if hiddenFlags[f.Name] {
+				return
+			}
+			fmt.Fprintf(flag.CommandLine.Output(), "  -%s\n    \t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
+		})
+	}
 	flag.Parse()
 
-	if err := run(*kubeconfig, agent.Options{
+	opts := agent.Options{
 		NodeName: *nodeName,
 		Mode:     v1alpha1.ProxyMode(*mode),
 		Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
-			v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) { return nftables.New(cfg) },
+			v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
+				return nftables.New(cfg, nftables.WithNetNSFd(netnsFd))
+			},
+			v1alpha1.ModeIPTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
+				return iptables.New(cfg, iptables.WithNetNSFd(netnsFd))
+			},
+		},
+		SettingsBackends: map[v1alpha1.ProxyMode]func(dataplane.NodeConfig, v1alpha1.ProxySettings) (dataplane.Backend, error){
+			v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
+				return ipvs.New(cfg, append(ipvs.SettingsOptions(s.IPVS), ipvs.WithNetNSFd(netnsFd),
+					ipvs.WithModuleLoader(&kmod.Kernel{ModulesDir: *modulesDir, ProcModules: *procModules, SysModule: *sysModule}))...)
+			},
+		},
+		IPTablesFacts: func(ctx context.Context) []v1alpha1.IPTablesBackend {
+			return iptables.KernelFacts(ctx, iptables.WithNetNSFd(netnsFd))
 		},
 		NodePortAddresses: splitList(*nodePortAddresses),
 		MasqueradeAll:     *masqueradeAll,
@@ -54,15 +105,36 @@ func main() {
 		SyncPeriod:        *syncPeriod,
 		MetricsAddr:       *metricsAddr,
 		HealthzAddr:       *healthzAddr,
-	}, *clusterCIDRs); err != nil {
+		AdoptKubeProxy:    *adoptKubeProxy,
+		TestStopAtPhase:   v1alpha1.NodePhase(*stopAt),
+		TestFailVerify:    *failVerify,
+	}
+	opts.Kernel.ModulesDir, opts.Kernel.ProcModules, opts.Kernel.SysModule = *modulesDir, *procModules, *sysModule
+	if *netnsName != "" {
+		h, err := netns.GetFromName(*netnsName)
+		if err != nil {
+			klog.ErrorS(err, "Cannot open the network namespace", "netns", *netnsName)
+			os.Exit(1)
+		}
+		netnsFd, opts.NetNS = int(h), h
+	}
+	if *doCleanup {
+		os.Exit(runCleanup(opts))
+	}
+	if err := run(*kubeconfig, *followProxyNode, opts, *clusterCIDRs); err != nil {
 		klog.ErrorS(err, "proxyshift-agent stopped")
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig string, opts agent.Options, clusterCIDRs string) error {
+func run(kubeconfig string, followProxyNode bool, opts agent.Options, clusterCIDRs string) error {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return fmt.Errorf("--masquerade-bit must be between 0 and 31, got %d", opts.MasqueradeBit)
+	}
+	switch opts.TestStopAtPhase {
+	case "", v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeCleaningUp:
+	default:
+		return fmt.Errorf("--test-stop-at-phase must be Preparing, Programming, Verifying or CleaningUp, got %q", opts.TestStopAtPhase)
 	}
 	for _, s := range splitList(clusterCIDRs) {
 		p, err := netip.ParsePrefix(s)
@@ -85,9 +157,67 @@ func run(kubeconfig string, opts agent.Options, clusterCIDRs string) error {
 	if err != nil {
 		return err
 	}
+	if followProxyNode {
+		opts.RESTConfig = cfg
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return agent.Run(ctx, client, opts)
+}
+
+// runCleanup removes everything proxyshift owns: first through each
+// backend (which knows its objects exactly), then by name everywhere they
+// can be. It prints one line per removed object.
+func runCleanup(opts agent.Options) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ns := nsexec.Current
+	if opts.NetNS > 0 {
+		ns = nsexec.NS(int(opts.NetNS))
+	}
+	var removed []string
+	failed := false
+	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPVS, v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
+		cfg := dataplane.NodeConfig{NodeName: opts.NodeName, MasqueradeBit: opts.MasqueradeBit}
+		var b dataplane.Backend
+		var err error
+		if f, ok := opts.SettingsBackends[m]; ok {
+			b, err = f(cfg, v1alpha1.ProxySettings{})
+		} else if f, ok := opts.Backends[m]; ok {
+			b, err = f(cfg)
+		} else {
+			continue
+		}
+		if err != nil {
+			// Its tools or kernel parts are missing here: it cannot have
+			// programmed anything; the sweep below still looks by name.
+			fmt.Fprintf(os.Stderr, "%s: skipped (%v)\n", m, err)
+			continue
+		}
+		lines, err := b.Cleanup(ctx)
+		removed = append(removed, lines...)
+		if err != nil {
+			failed = true
+			fmt.Fprintf(os.Stderr, "%s: %v\n", m, err)
+		}
+	}
+	lines, err := (&cleanup.Sweeper{NS: ns}).Remove(ctx, cleanup.Proxyshift)
+	removed = append(removed, lines...)
+	if err != nil {
+		failed = true
+		fmt.Fprintf(os.Stderr, "%v\n", err)
+	}
+	for _, l := range removed {
+		fmt.Printf("removed %s\n", l)
+	}
+	if len(removed) == 0 {
+		fmt.Println("nothing of proxyshift's was found on this node")
+	}
+	if failed {
+		fmt.Fprintln(os.Stderr, "cleanup incomplete: see the errors above; run it again once fixed")
+		return 1
+	}
+	return 0
 }
 
 func splitList(s string) []string {

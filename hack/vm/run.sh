@@ -17,6 +17,9 @@
 #   PROXYSHIFT_VM_TIMEOUT=240  seconds before the VM is killed
 #   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
 #   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
+#   PROXYSHIFT_VM_BENCH=REGEXP also the benchmarks matching REGEXP
+#                              (-test.bench; make bench-vm sets it)
+#   PROXYSHIFT_VM_BENCHTIME=N  their -test.benchtime (default 1x)
 #   PROXYSHIFT_VM_LOG=FILE     where to keep the serial log
 #                              (default ~/.cache/proxyshift/vm/serial.log)
 #   PROXYSHIFT_VM_KVER=...     another kernel of Debian's archive
@@ -93,6 +96,9 @@ append="console=ttyS0 panic=-1 quiet proxyshift.vm=1"
 if [ -n "${PROXYSHIFT_VM_RUN:-}" ]; then
   append+=" proxyshift.run=$PROXYSHIFT_VM_RUN"
 fi
+if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
+  append+=" proxyshift.bench=$PROXYSHIFT_VM_BENCH proxyshift.benchtime=${PROXYSHIFT_VM_BENCHTIME:-1x}"
+fi
 
 mkdir -p "$(dirname "$LOG")"
 log "booting $kver (${accel[1]}, timeout ${TIMEOUT}s); serial log: $LOG"
@@ -130,6 +136,10 @@ for pkg in "${packages[@]}"; do
       "$module_path/$pkg" "$LOG" "$module_path/$pkg" >> "$summary_input"
   fi
 done
+if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
+  log "benchmarks (TCG emulation: compare them with each other, not with the host):"
+  grep -E '^(Benchmark|    bench_test.go)' "$LOG" >&2 || log "no benchmark ran"
+fi
 go build -o bin/testsummary ./hack/testsummary
 bin/testsummary < "$summary_input" || failed=1
 log "done in $((SECONDS - start))s"

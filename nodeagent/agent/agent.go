@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,45 +22,93 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
+	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/facts"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/nodeagent/probe"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
+	"github.com/proxyshift/proxyshift/nodeagent/switcher"
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
 
-// BackendFactory builds a dataplane for the node's settings.
+// BackendFactory builds a dataplane for the node's settings. It must not
+// touch the kernel: the agent builds backends to look at what the kernel
+// holds and to clean up, not only to program.
 type BackendFactory func(cfg dataplane.NodeConfig) (dataplane.Backend, error)
 
 // Options configure one agent.
 type Options struct {
 	// NodeName is the node this agent proxies for.
 	NodeName string
-	// Mode is the dataplane to run.
+	// Mode is the dataplane to run when no ProxyNode says otherwise (a
+	// standalone agent, or a ProxyNode without spec.desiredMode).
 	Mode v1alpha1.ProxyMode
 	// Backends maps each supported mode to its constructor.
 	Backends map[v1alpha1.ProxyMode]BackendFactory
-	// ClusterCIDRs are the pod networks (for masquerading decisions).
+	// SettingsBackends, for modes whose backend also takes the ProxyNode's
+	// spec.settings (the IPVS scheduler, strict ARP), take precedence over
+	// Backends. settings is empty when no ProxyNode sets them.
+	SettingsBackends map[v1alpha1.ProxyMode]func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (dataplane.Backend, error)
+	// ClusterCIDRs are the pod networks (for masquerading decisions);
+	// ProxyNode spec.settings.clusterCIDRs overrides them.
 	ClusterCIDRs []netip.Prefix
 	// NodePortAddresses are CIDRs or "primary"; empty means every address.
+	// ProxyNode spec.settings.nodePortAddresses overrides them.
 	NodePortAddresses []string
-	// MasqueradeAll and MasqueradeBit tune SNAT marking.
+	// MasqueradeAll and MasqueradeBit tune SNAT marking; in iptables mode
+	// ProxyNode spec.settings.iptables overrides them.
 	MasqueradeAll bool
 	MasqueradeBit int
-	// MinSyncPeriod and SyncPeriod pace the sync loop.
+	// MinSyncPeriod and SyncPeriod pace the sync loop; the mode's section
+	// of ProxyNode spec.settings overrides them.
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
-	// NetNS, if valid, is the network namespace whose addresses are the
-	// node's (the backends get their own namespace option from Backends).
+	// NetNS, if a namespace handle (> 0), is the network namespace of the
+	// node: its addresses are the node's, and facts, probes, conntrack and
+	// cleanup work there (the backends get their own namespace option from
+	// Backends). Zero or -1 means the agent's own namespace.
 	NetNS netns.NsHandle
+
+	// RESTConfig, when set, makes the agent follow its ProxyNode (named
+	// NodeName): spec.desiredMode and spec.settings, and write its status.
+	// Nil runs standalone on Mode.
+	RESTConfig *rest.Config
+	// Kernel is where kernel modules are probed and loaded from (zero:
+	// the running kernel's /proc/modules, /lib/modules, /sys/module).
+	Kernel kmod.Kernel
+	// IPTablesFacts, if set, reports the iptables backends for the kernel
+	// facts; nil runs the iptables-*-save tools.
+	IPTablesFacts func(ctx context.Context) []v1alpha1.IPTablesBackend
+	// AdoptKubeProxy removes kube-proxy's leftovers once the desired mode
+	// is programmed and verified: set it only on nodes taken over from
+	// kube-proxy, after kube-proxy stopped there.
+	AdoptKubeProxy bool
+	// FactsInterval is how often kernel facts are gathered again
+	// (default 1m).
+	FactsInterval time.Duration
+	// StatusSyncInterval bounds how often status is written when only
+	// the last sync's time changed (default 1m).
+	StatusSyncInterval time.Duration
+	// TestStopAtPhase makes the agent hang once a switch finished this
+	// phase's work (for tests that kill it there). TestFailVerify makes
+	// every Verifying fail.
+	TestStopAtPhase v1alpha1.NodePhase
+	TestFailVerify  bool
 }
 
 // Run starts the agent and blocks until ctx ends or startup fails. It never
@@ -68,9 +117,12 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.NodeName == "" {
 		return errors.New("the node name is not set: pass --node-name or set NODE_NAME")
 	}
-	newBackend, ok := opts.Backends[opts.Mode]
-	if !ok {
-		return fmt.Errorf("mode %q is not supported by this agent (supported: %v)", opts.Mode, supportedModes(opts.Backends))
+	if !slices.Contains(opts.modes(), opts.Mode) && opts.Mode != "" {
+		return fmt.Errorf("mode %q is not supported by this agent (supported: %v)", opts.Mode, opts.modes())
+	}
+	ns := nsexec.Current
+	if opts.NetNS > 0 {
+		ns = nsexec.NS(int(opts.NetNS))
 	}
 
 	factory := informers.NewSharedInformerFactory(client, 0)
@@ -87,44 +139,113 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	nodeLister := nodeInformer.Lister()
 	nodeInformer.Informer() // register before Start
 
+	var pnClient *report.Client
+	var pnInformer cache.SharedIndexInformer
+	if opts.RESTConfig != nil {
+		var err error
+		if pnClient, err = report.NewClient(opts.RESTConfig); err != nil {
+			return err
+		}
+		pnInformer = cache.NewSharedIndexInformer(pnClient.ListWatch(opts.NodeName), &v1alpha1.ProxyNode{}, 0, cache.Indexers{})
+	}
+	reporter := report.New(pnClient, opts.NodeName)
+	if opts.StatusSyncInterval > 0 {
+		reporter.SyncEvery = opts.StatusSyncInterval
+	}
+	startPN := reporter.Start(ctx)
+
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
+	if pnInformer != nil {
+		go pnInformer.Run(ctx.Done())
+	}
 	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
 		if !synced {
 			return fmt.Errorf("informer cache for %v did not sync", typ)
 		}
 	}
 	nodeFactory.WaitForCacheSync(ctx.Done())
+	if pnInformer != nil && !cache.WaitForCacheSync(ctx.Done(), pnInformer.HasSynced) {
+		return errors.New("informer cache for ProxyNodes did not sync")
+	}
 
-	node, err := nodeLister.Get(opts.NodeName)
-	if apierrors.IsNotFound(err) {
-		klog.InfoS("This node's Node object does not exist (yet); endpoints are local only when their nodeName matches", "node", opts.NodeName)
-		node = nil
-	} else if err != nil {
+	a := &agentState{opts: opts, ns: ns, nodeLister: nodeLister}
+	if pnInformer != nil {
+		a.pnStore = pnInformer.GetStore()
+	}
+	// A switch that failed for the ProxyNode's current generation, as the
+	// previous agent reported it, is not retried until the spec changes;
+	// one that was interrupted is finished.
+	if startPN != nil {
+		st := startPN.Status
+		if c := meta.FindStatusCondition(st.Conditions, report.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
+			a.heldGen, a.held = startPN.Generation, true
+			a.heldReason, a.heldMessage = c.Reason, c.Message
+		}
+		a.resume = switcher.Switching(st.Phase)
+	}
+	if err := a.resolve(); err != nil {
 		return err
 	}
-	local, err := localAddrs(opts.NetNS)
-	if err != nil {
-		return fmt.Errorf("list the node's addresses: %w", err)
-	}
-	nodeIPs, err := NodePortIPs(opts.NodePortAddresses, node, local)
-	if err != nil {
-		return err
-	}
-	backend, err := newBackend(dataplane.NodeConfig{
-		NodeName:      opts.NodeName,
-		NodeIPs:       nodeIPs,
-		ClusterCIDRs:  opts.ClusterCIDRs,
-		MasqueradeAll: opts.MasqueradeAll,
-		MasqueradeBit: opts.MasqueradeBit,
+
+	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts}
+	fanout := switcher.NewFanout()
+	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
+	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
+		if !conntrack.HasUDPChange(changed, full) {
+			return
+		}
+		n, err := rec.Reconcile(ctx, snap)
+		if err != nil {
+			klog.ErrorS(err, "Could not delete stale UDP conntrack entries", "deleted", n)
+		} else if n > 0 {
+			klog.V(2).InfoS("Deleted stale UDP conntrack entries", "count", n)
+		}
 	})
+	var kubeProxy switcher.KubeProxy
+	if opts.AdoptKubeProxy {
+		kubeProxy = &kubeProxyLeftovers{s: &cleanup.Sweeper{NS: ns}}
+	}
+	sw := switcher.New(switcher.Config{
+		Fanout:     fanout,
+		Backend:    a.backend,
+		Modes:      opts.modes(),
+		Prepare:    gatherer,
+		Prober:     &probe.Prober{NS: ns, Attempts: 2},
+		NodeIPs:    a.probeIPs,
+		KubeProxy:  kubeProxy,
+		Report:     reporter,
+		StopAt:     opts.TestStopAtPhase,
+		FailVerify: opts.TestFailVerify,
+	}, a.current().desire)
+	a.sw = sw
+	st, step, err := sw.Init(ctx)
 	if err != nil {
-		return fmt.Errorf("start the %s dataplane: %w", opts.Mode, err)
+		return fmt.Errorf("read what the kernel holds: %w", err)
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	loop := syncloop.New(syncloop.Config{MinSyncPeriod: opts.MinSyncPeriod, SyncPeriod: opts.SyncPeriod}, tracker, backend, syncloop.NewMetrics(reg))
+	metrics := syncloop.NewMetrics(reg)
+	fanout.SetOnPrimary(func(p switcher.PrimarySync) {
+		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err})
+	})
+	loops := &loopRunner{source: tracker, backend: fanout, metrics: metrics}
+	loops.start(ctx, a.current().sync)
+	defer loops.stop()
+	a.loops = loops
+
+	if pnInformer != nil {
+		if _, err := pnInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { a.onChange(ctx) },
+			UpdateFunc: func(_, _ any) { a.onChange(ctx) },
+			DeleteFunc: func(any) { a.onChange(ctx) },
+		}); err != nil {
+			return err
+		}
+	}
+	go reporter.Run(ctx)
+	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval)
 
 	healthTimeout := 2 * opts.SyncPeriod
 	if healthTimeout < time.Minute {
@@ -134,7 +255,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.HealthzAddr != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if err := loop.Healthy(healthTimeout); err != nil {
+			if err := loops.healthy(healthTimeout); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
 			}
@@ -157,9 +278,35 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		defer srv.Close()
 	}
 
-	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "mode", opts.Mode, "nodePortIPs", nodeIPs)
-	loop.Run(ctx)
-	return nil
+	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "desired", a.current().desire.Mode, "nodePortIPs", a.current().cfg.NodeIPs, "followsProxyNode", pnInformer != nil)
+	return sw.Run(ctx, st, step)
+}
+
+// gatherFacts reports the kernel facts now and every interval; the
+// reporter writes them only when they changed.
+func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration) {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	for {
+		r.SetKernel(g.Gather(ctx, a.current().desire.Scheduler))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+// kubeProxyLeftovers is kube-proxy's leftovers for adoption.
+type kubeProxyLeftovers struct{ s *cleanup.Sweeper }
+
+func (k *kubeProxyLeftovers) Present(ctx context.Context) (bool, error) {
+	return k.s.Present(ctx, cleanup.KubeProxy)
+}
+
+func (k *kubeProxyLeftovers) Cleanup(ctx context.Context) ([]string, error) {
+	return k.s.Remove(ctx, cleanup.KubeProxy)
 }
 
 // wireTracker feeds Service and EndpointSlice events into the tracker.
@@ -195,10 +342,10 @@ func unwrapDeleted(o any) any {
 }
 
 // localAddrs lists the addresses of the node's namespace (the current one
-// when ns is not valid).
+// when ns is not a handle, see Options.NetNS).
 func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
 	h := &netlink.Handle{}
-	if ns.IsOpen() {
+	if ns > 0 {
 		var err error
 		if h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE); err != nil {
 			return nil, err
@@ -218,10 +365,13 @@ func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
 	return out, nil
 }
 
-func supportedModes(b map[v1alpha1.ProxyMode]BackendFactory) []v1alpha1.ProxyMode {
+// modes lists the modes the agent has a backend for.
+func (o *Options) modes() []v1alpha1.ProxyMode {
 	var modes []v1alpha1.ProxyMode
 	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		if _, ok := b[m]; ok {
+		_, ok := o.Backends[m]
+		_, ok2 := o.SettingsBackends[m]
+		if ok || ok2 {
 			modes = append(modes, m)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -42,6 +43,9 @@ var backends = []backend{
 		drift: nftDeleteTable,
 		dump:  nftDump,
 	},
+	iptablesRow(iptables.NFT),
+	iptablesRow(iptables.Legacy),
+	{name: "ipvs", skip: skipWithoutIPVS, new: newIPVS, drift: ipvsDrift, dump: ipvsDump},
 }
 
 const (

@@ -21,7 +21,8 @@ import (
 type Backend struct {
 	cfg   dataplane.NodeConfig
 	netns int
-	rc    map[*family]renderConfig
+	// policy is the node's policy for each family.
+	policy map[*family]*dataplane.NodePolicy
 
 	mu sync.Mutex
 	// state is what the last successful sync of each family programmed;
@@ -58,13 +59,13 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("nftables: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
 	}
 	b := &Backend{
-		cfg:   cfg,
-		rc:    map[*family]renderConfig{},
-		state: map[*family]*familyState{},
-		stale: map[*family]map[string]bool{},
+		cfg:    cfg,
+		policy: map[*family]*dataplane.NodePolicy{},
+		state:  map[*family]*familyState{},
+		stale:  map[*family]map[string]bool{},
 	}
 	for _, f := range families {
-		b.rc[f] = newRenderConfig(f, cfg)
+		b.policy[f] = newNodePolicy(f, cfg)
 	}
 	for _, o := range opts {
 		o(b)
@@ -123,7 +124,7 @@ func (b *Backend) syncFamily(f *family, ports map[model.ServicePortName]*model.S
 
 // full rewrites the family's table from the model.
 func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
-	rs, claims := render(f, ports, b.rc[f])
+	rs, claims := render(f, ports, b.policy[f])
 	kt, err := b.list(f)
 	if err != nil {
 		return err
@@ -146,7 +147,7 @@ func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.Service
 
 // incremental rewrites the objects of the changed service ports.
 func (b *Backend) incremental(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) error {
-	changes := planChanges(f, st, ports, changed, b.rc[f])
+	changes := planChanges(f, st, ports, changed, b.policy[f])
 	if len(changes) == 0 {
 		return nil
 	}
@@ -186,7 +187,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 // planChanges renders the changed ports (a changed name absent from the
 // model was deleted) and pairs them with what was programmed for them.
 // A key of a shared map that an unchanged port holds stays with it.
-func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet, rc renderConfig) []portChange {
+func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet, np *dataplane.NodePolicy) []portChange {
 	var changes []portChange
 	batch := claimIndex{}
 	for _, name := range sortedNames(changed) {
@@ -197,7 +198,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 		}
 		var nw *portObjects
 		if sp != nil {
-			nw = renderPort(f, sp, rc)
+			nw = renderPort(f, sp, np)
 			for m, elems := range nw.shared {
 				kept := elems[:0]
 				for _, e := range elems {

@@ -32,10 +32,6 @@ type family struct {
 	natFamily uint32
 	// rejectCode is the ICMP (or ICMPv6) port-unreachable code.
 	rejectCode uint8
-	// loopback is the range NodePorts never answer on: packets to it
-	// cannot be DNATed to another host (route_localnet aside), so
-	// kube-proxy's nftables mode leaves it alone and so do we.
-	loopback netip.Prefix
 }
 
 var (
@@ -51,7 +47,6 @@ var (
 		concatPort:  unix.NFT_REG32_02,
 		natFamily:   unix.NFPROTO_IPV4,
 		rejectCode:  icmpPortUnreachable,
-		loopback:    netip.MustParsePrefix("127.0.0.0/8"),
 	}
 	ipv6 = &family{
 		name:        "ip6",
@@ -65,7 +60,6 @@ var (
 		concatPort:  unix.NFT_REG32_05,
 		natFamily:   unix.NFPROTO_IPV6,
 		rejectCode:  icmpv6PortUnreachable,
-		loopback:    netip.MustParsePrefix("::1/128"),
 	}
 	families = []*family{ipv4, ipv6}
 )
@@ -76,11 +70,6 @@ const (
 	icmpPortUnreachable   = 3
 	icmpv6PortUnreachable = 4
 )
-
-// has says whether addr belongs to the family.
-func (f *family) has(addr netip.Addr) bool {
-	return addr.IsValid() && addr.Unmap().Is4() == (f == ipv4)
-}
 
 // bytes returns addr in network byte order at the family's length.
 func (f *family) bytes(addr netip.Addr) []byte {

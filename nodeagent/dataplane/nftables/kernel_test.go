@@ -80,7 +80,7 @@ func testModel() *model.Snapshot {
 func expected(m *model.Snapshot) map[*family]*ruleset {
 	out := map[*family]*ruleset{}
 	for _, f := range families {
-		out[f], _ = render(f, m.Ports[f.model], newRenderConfig(f, kernelConfig))
+		out[f], _ = render(f, m.Ports[f.model], newNodePolicy(f, kernelConfig))
 	}
 	return out
 }

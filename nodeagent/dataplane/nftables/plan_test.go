@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -28,8 +29,8 @@ func manyPorts(n, eps int) map[model.ServicePortName]*model.ServicePort {
 }
 
 // stateOf is the backend's memory after a full sync of ports.
-func stateOf(ports map[model.ServicePortName]*model.ServicePort, rc renderConfig) *familyState {
-	rs, claims := render(ipv4, ports, rc)
+func stateOf(ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) *familyState {
+	rs, claims := render(ipv4, ports, np)
 	return &familyState{rs: rs, claims: claims}
 }
 
@@ -49,16 +50,16 @@ func opStrings(ops []op) []string {
 }
 
 func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
-	rc := newRenderConfig(ipv4, testConfig)
+	np := newNodePolicy(ipv4, testConfig)
 	ports := manyPorts(200, 3)
-	st := stateOf(ports, rc)
+	st := stateOf(ports, np)
 
 	// Service 17 replaces its last endpoint (10.128.0.17:8002) with a new
 	// one on another port.
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
 	changed := svc("ns", "svc-17", "http", "10.96.0.17", 80,
 		ep("10.128.0.17", 8000), ep("10.128.0.17", 8001), ep("10.128.0.17", 9000))
-	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, rc))
+	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np))
 
 	n := namesFor(target)
 	oldChain, _ := endpointNames(n.base, ports[target].Endpoints[2])
@@ -82,9 +83,9 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 }
 
 func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
-	rc := newRenderConfig(ipv4, testConfig)
+	np := newNodePolicy(ipv4, testConfig)
 	ports := manyPorts(100, 2)
-	st := stateOf(ports, rc)
+	st := stateOf(ports, np)
 	names := sortedNames(ports)
 	a, b, c := names[3], names[50], names[99]
 
@@ -95,7 +96,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	cc := *ports[c]
 	cc.AffinityTimeout = time.Hour
 	next[c] = &cc
-	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, rc)
+	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, np)
 	ops, stale := incrementalPlan(changes)
 
 	allowed := []string{namesFor(a).base, namesFor(b).base, namesFor(c).base}
@@ -138,26 +139,26 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 }
 
 func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
-	rc := newRenderConfig(ipv4, testConfig)
+	np := newNodePolicy(ipv4, testConfig)
 	ports := manyPorts(10, 3)
-	st := stateOf(ports, rc)
+	st := stateOf(ports, np)
 	name := sortedNames(ports)[4]
-	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, rc))
+	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np))
 	if len(ops) != 0 || len(stale) != 0 {
 		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)
 	}
 	missingName := model.ServicePortName{Namespace: "ns", Name: "never-existed", Protocol: "TCP"}
-	if ch := planChanges(ipv4, st, ports, model.ChangeSet{missingName: {}}, rc); len(ch) != 0 {
+	if ch := planChanges(ipv4, st, ports, model.ChangeSet{missingName: {}}, np); len(ch) != 0 {
 		t.Errorf("deleting a port never programmed: %v", ch)
 	}
 }
 
 func TestSharedKeyConflicts(t *testing.T) {
-	rc := newRenderConfig(ipv4, testConfig)
+	np := newNodePolicy(ipv4, testConfig)
 	// Two services claim external IP 198.18.50.5 port 80.
 	first := svc("a", "first", "http", "10.96.0.1", 80, externalIPs("198.18.50.5"), ep("10.244.1.1", 80))
 	second := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80))
-	rs, claims := render(ipv4, portsOf(first, second), rc)
+	rs, claims := render(ipv4, portsOf(first, second), np)
 	owner := func(rs *ruleset) string {
 		for name, objs := range rs.ports {
 			for _, e := range objs.shared[mapServiceIPs] {
@@ -174,7 +175,7 @@ func TestSharedKeyConflicts(t *testing.T) {
 	// An incremental sync of the second port keeps away from the key.
 	st := &familyState{rs: rs, claims: claims}
 	second2 := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80), ep("10.244.1.3", 80))
-	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, rc))
+	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, np))
 	if len(ops) == 0 {
 		t.Fatal("no ops for a changed port")
 	}
@@ -186,9 +187,9 @@ func TestSharedKeyConflicts(t *testing.T) {
 }
 
 func TestFullPlanInPlace(t *testing.T) {
-	rc := newRenderConfig(ipv4, testConfig)
+	np := newNodePolicy(ipv4, testConfig)
 	sp := svc("default", "session", "http", "10.96.0.30", 80, affinity(time.Hour), ep("10.244.1.2", 8080))
-	rs, _ := render(ipv4, portsOf(sp), rc)
+	rs, _ := render(ipv4, portsOf(sp), np)
 	_, affinitySet := endpointNames(namesFor(sp.Name).base, sp.Endpoints[0])
 
 	// The kernel has the table from an earlier agent: the same objects,

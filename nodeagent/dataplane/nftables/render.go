@@ -23,68 +23,24 @@ const (
 	prioritySNAT   = nftables.ChainPriority(90)   // srcnat-10
 )
 
-// renderConfig is the part of the node's configuration one family's
-// table depends on.
-type renderConfig struct {
-	// nodeIPs are the family's NodePort addresses; anyLocal says NodePorts
-	// answer on every local address because none were configured at all.
-	nodeIPs  []netip.Addr
-	anyLocal bool
-	// clusterCIDRs are the family's pod networks, without overlaps.
-	clusterCIDRs  []netip.Prefix
-	masqueradeAll bool
-	mark          uint32
-}
-
-func newRenderConfig(f *family, cfg dataplane.NodeConfig) renderConfig {
-	rc := renderConfig{
-		anyLocal:      len(cfg.NodeIPs) == 0,
-		masqueradeAll: cfg.MasqueradeAll,
-		mark:          1 << uint(cfg.MasqueradeBit),
-	}
-	for _, ip := range cfg.NodeIPs {
-		if f.has(ip) && !f.loopback.Contains(ip.Unmap()) {
-			rc.nodeIPs = append(rc.nodeIPs, ip.Unmap())
-		}
-	}
-	slices.SortFunc(rc.nodeIPs, netip.Addr.Compare)
-	rc.nodeIPs = slices.Compact(rc.nodeIPs)
-	rc.clusterCIDRs = disjoint(f, cfg.ClusterCIDRs)
-	return rc
-}
-
-// disjoint returns the family's prefixes, masked, sorted and without any
-// prefix another one contains (interval sets refuse overlaps).
-func disjoint(f *family, in []netip.Prefix) []netip.Prefix {
-	var ps []netip.Prefix
-	for _, p := range in {
-		if p.IsValid() && f.has(p.Addr()) {
-			ps = append(ps, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
-		}
-	}
-	slices.SortFunc(ps, func(a, b netip.Prefix) int {
-		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-	})
-	var out []netip.Prefix
-	for _, p := range ps {
-		if len(out) == 0 || !out[len(out)-1].Contains(p.Addr()) {
-			out = append(out, p)
-		}
-	}
-	return out
+// newNodePolicy returns the node's policy for family f.
+func newNodePolicy(f *family, cfg dataplane.NodeConfig) *dataplane.NodePolicy {
+	np := dataplane.NewNodePolicy(cfg, f.model)
+	return &np
 }
 
 // render describes the whole table of family f for the model's ports of
-// that family. It is pure: the same input always gives the same ruleset.
+// that family, as np (the node's policy for that family) decides them. It
+// is pure: the same input always gives the same ruleset.
 // When two ports claim the same key in a shared map (two services with
 // one external IP and port), the first by name keeps it; claims records
 // who holds which key.
-func render(f *family, ports map[model.ServicePortName]*model.ServicePort, rc renderConfig) (rs *ruleset, claims claimIndex) {
+func render(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) (rs *ruleset, claims claimIndex) {
 	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports))}
-	rs.chains, rs.sets = renderFixed(f, rc)
+	rs.chains, rs.sets = renderFixed(f, np)
 	claims = claimIndex{}
 	for _, name := range sortedNames(ports) {
-		objs := renderPort(f, ports[name], rc)
+		objs := renderPort(f, ports[name], np)
 		claims.claim(name, objs)
 		rs.ports[name] = objs
 	}
@@ -141,7 +97,7 @@ func (c claimIndex) release(name model.ServicePortName, objs *portObjects) {
 }
 
 // renderFixed returns the chains and sets every table has.
-func renderFixed(f *family, rc renderConfig) ([]*chain, []*set) {
+func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 	base := func(name string, typ nftables.ChainType, hookName string, num uint32, prio nftables.ChainPriority, rules ...*ruleBuilder) *chain {
 		return &chain{name: name, hook: &hook{typ: typ, hookName: hookName, num: nftables.ChainHook(num), priority: prio}, rules: built(rules)}
 	}
@@ -171,9 +127,9 @@ func renderFixed(f *family, rc renderConfig) ([]*chain, []*set) {
 
 	services := []*ruleBuilder{r().vmapAddrProtoPort(mapServiceIPs)}
 	endpointCheck := []*ruleBuilder{r().vmapAddrProtoPort(mapNoEndpointServices)}
-	if np := nodePortMatch(f, rc); np != nil {
-		services = append(services, np().vmapProtoPort(mapServiceNodePorts))
-		endpointCheck = append(endpointCheck, np().vmapProtoPort(mapNoEndpointNodePorts))
+	if nodePort := nodePortMatch(f, np); nodePort != nil {
+		services = append(services, nodePort().vmapProtoPort(mapServiceNodePorts))
+		endpointCheck = append(endpointCheck, nodePort().vmapProtoPort(mapNoEndpointNodePorts))
 	}
 	chains = append(chains,
 		regular(chainServices, services...),
@@ -183,10 +139,10 @@ func renderFixed(f *family, rc renderConfig) ([]*chain, []*set) {
 		// forwarded or local connection did not reliably reach the
 		// client's socket in our tests, a reset does in both families.
 		regular(chainReject, r().rejectTCP(), r().reject()),
-		regular(chainMarkMasq, r().markSet(rc.mark)),
+		regular(chainMarkMasq, r().markSet(np.MasqueradeMark)),
 		regular(chainMasquerading,
-			r().markUnset(rc.mark).ret(),
-			r().markClear(rc.mark),
+			r().markUnset(np.MasqueradeMark).ret(),
+			r().markClear(np.MasqueradeMark),
 			r().masquerade()),
 	)
 	slices.SortFunc(chains[len(baseChainNames):], func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
@@ -204,16 +160,16 @@ func renderFixed(f *family, rc renderConfig) ([]*chain, []*set) {
 		vmap(mapServiceIPs, addrProtoPort, addrText),
 		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
 	}
-	if len(rc.clusterCIDRs) > 0 {
+	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.addrType, keyText: f.addrType.Name, interval: true}
-		for _, p := range rc.clusterCIDRs {
+		for _, p := range np.ClusterCIDRs {
 			s.elems = append(s.elems, prefixElement(f, p))
 		}
 		sets = append(sets, s)
 	}
-	if !rc.anyLocal && len(rc.nodeIPs) > 0 {
+	if !np.NodePortsAnyLocal && len(np.NodePortIPs) > 0 {
 		s := &set{name: setNodePortIPs, keyType: f.addrType, keyText: f.addrType.Name}
-		for _, ip := range rc.nodeIPs {
+		for _, ip := range np.NodePortIPs {
 			s.elems = append(s.elems, element{key: f.bytes(ip), text: ip.String()})
 		}
 		sets = append(sets, s)
@@ -229,11 +185,11 @@ var baseChainNames = []string{chainFilterPrerouting, chainFilterInput, chainFilt
 
 // nodePortMatch returns a function starting a rule that matches packets
 // to a NodePort address, or nil if the family has no NodePort addresses.
-func nodePortMatch(f *family, rc renderConfig) func() *ruleBuilder {
+func nodePortMatch(f *family, np *dataplane.NodePolicy) func() *ruleBuilder {
 	switch {
-	case rc.anyLocal:
-		return func() *ruleBuilder { return newRule(f).fibLocal("daddr").addrIn("daddr", true, f.loopback) }
-	case len(rc.nodeIPs) > 0:
+	case np.NodePortsAnyLocal:
+		return func() *ruleBuilder { return newRule(f).fibLocal("daddr").addrIn("daddr", true, np.Loopback) }
+	case len(np.NodePortIPs) > 0:
 		return func() *ruleBuilder { return newRule(f).addrInSet("daddr", false, setNodePortIPs) }
 	default:
 		return nil
@@ -248,8 +204,10 @@ func built(rbs []*ruleBuilder) []rule {
 	return rules
 }
 
-// renderPort describes the objects of one service port.
-func renderPort(f *family, sp *model.ServicePort, rc renderConfig) *portObjects {
+// renderPort describes the objects of one service port, as np's policy
+// for it decides.
+func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy) *portObjects {
+	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
 	objs := &portObjects{shared: map[string][]element{}}
 	proto := protoNumber(sp.Protocol)
@@ -261,104 +219,71 @@ func renderPort(f *family, sp *model.ServicePort, rc renderConfig) *portObjects 
 	addrKey := func(addr netip.Addr) ([]byte, string) {
 		return addrProtoPortKey(f, addr, proto, sp.Port), addr.String() + " . " + protoText + " . " + itoa(sp.Port)
 	}
+	targetChain := map[dataplane.Target]string{dataplane.TargetCluster: n.service, dataplane.TargetLocal: n.local}
 
-	cluster := sp.ClusterEndpoints()
-	local := sp.LocalEndpoints()
-	hasEndpoints := len(cluster) > 0
-	external := sp.UsesExternal()
-	usesCluster := hasEndpoints && (!sp.InternalPolicyLocal || external)
-	usesLocal := len(local) > 0 && (sp.InternalPolicyLocal || external && sp.ExternalPolicyLocal)
-
-	// Internal (cluster IP) traffic goes to the chain of its policy.
-	internalChain, hasInternal := n.service, hasEndpoints
-	if sp.InternalPolicyLocal {
-		internalChain, hasInternal = n.local, len(local) > 0
-	}
-	if f.has(sp.ClusterIP) {
-		key, text := addrKey(sp.ClusterIP)
-		switch {
-		case hasInternal:
-			share(mapServiceIPs, key, text, gotoChain(internalChain))
-		case hasEndpoints:
-			// internalTrafficPolicy Local with no endpoint here.
+	// Cluster IP traffic goes to the chain of its target; drops and
+	// rejects are decided by the filter chains' endpoints-check.
+	if pol.ClusterIP.IsValid() {
+		key, text := addrKey(pol.ClusterIP)
+		switch pol.Internal {
+		case dataplane.TargetCluster, dataplane.TargetLocal:
+			share(mapServiceIPs, key, text, gotoChain(targetChain[pol.Internal]))
+		case dataplane.TargetDrop:
 			share(mapNoEndpointServices, key, text, verdictDrop)
-		default:
+		case dataplane.TargetReject:
 			share(mapNoEndpointServices, key, text, gotoChain(chainReject))
 		}
 	}
 
 	// External destinations go to the external chain, or are rejected
 	// when there is no endpoint at all.
-	var externalAddrs []netip.Addr
-	externalAddrs = append(externalAddrs, sp.ExternalIPs...)
-	externalAddrs = append(externalAddrs, sp.LoadBalancerIPs...)
-	for _, addr := range externalAddrs {
-		if !f.has(addr) {
-			continue
-		}
-		key, text := addrKey(addr)
-		if hasEndpoints {
-			share(mapServiceIPs, key, text, gotoChain(n.external))
-		} else {
-			share(mapNoEndpointServices, key, text, gotoChain(chainReject))
-		}
+	external := gotoChain(n.external)
+	externalMap, nodePortMap := mapServiceIPs, mapServiceNodePorts
+	if pol.ExternalReject {
+		external = gotoChain(chainReject)
+		externalMap, nodePortMap = mapNoEndpointServices, mapNoEndpointNodePorts
 	}
-	if sp.NodePort != 0 {
-		key, text := protoPortKey(proto, sp.NodePort), protoText+" . "+itoa(sp.NodePort)
-		if hasEndpoints {
-			share(mapServiceNodePorts, key, text, gotoChain(n.external))
-		} else {
-			share(mapNoEndpointNodePorts, key, text, gotoChain(chainReject))
-		}
+	for _, addr := range pol.ExternalAddrs {
+		key, text := addrKey(addr)
+		share(externalMap, key, text, external)
+	}
+	if pol.NodePort != 0 {
+		share(nodePortMap, protoPortKey(proto, pol.NodePort), protoText+" . "+itoa(pol.NodePort), external)
 	}
 
 	// loadBalancerSourceRanges: a firewall chain, checked before DNAT,
 	// that lets the allowed sources through and drops the rest.
-	lbIPs := slices.DeleteFunc(slices.Clone(sp.LoadBalancerIPs), func(a netip.Addr) bool { return !f.has(a) })
-	ranges := slices.DeleteFunc(slices.Clone(sp.LoadBalancerSourceRanges), func(p netip.Prefix) bool { return !f.has(p.Addr()) })
-	if len(lbIPs) > 0 && len(ranges) > 0 {
-		fw := &chain{name: n.firewall}
-		nodeInRange := false
-		for _, p := range ranges {
-			fw.rules = append(fw.rules, r().addrIn("saddr", false, p).ret().build())
-			nodeInRange = nodeInRange || slices.ContainsFunc(rc.nodeIPs, p.Contains)
+	if fw := pol.Firewall; fw != nil {
+		c := &chain{name: n.firewall}
+		for _, p := range fw.SourceRanges {
+			c.rules = append(c.rules, r().addrIn("saddr", false, p).ret().build())
 		}
-		if nodeInRange {
-			// A load balancer that delivers its VIP locally makes this
-			// node's own requests to the VIP arrive from the VIP.
-			for _, ip := range lbIPs {
-				fw.rules = append(fw.rules, r().addrIs("saddr", false, ip).ret().build())
+		if fw.AllowIPs {
+			for _, ip := range fw.IPs {
+				c.rules = append(c.rules, r().addrIs("saddr", false, ip).ret().build())
 			}
 		}
-		fw.rules = append(fw.rules, r().drop().build())
-		objs.chains = append(objs.chains, fw)
-		for _, ip := range lbIPs {
+		c.rules = append(c.rules, r().drop().build())
+		objs.chains = append(objs.chains, c)
+		for _, ip := range fw.IPs {
 			key, text := addrKey(ip)
 			share(mapFirewallIPs, key, text, gotoChain(n.firewall))
 		}
 	}
 
-	if hasEndpoints && external {
-		objs.chains = append(objs.chains, externalChain(f, sp, n, rc, len(local) > 0))
+	if len(pol.External) > 0 {
+		objs.chains = append(objs.chains, externalChain(f, pol.External, n.external, targetChain))
 	}
 
 	// The endpoint-choosing chains, with their maps, and the endpoints.
-	var endpoints []model.Endpoint
-	if usesCluster {
-		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, cluster, internalChain == n.service, rc)
-		endpoints = append(endpoints, cluster...)
+	if pol.Cluster != nil {
+		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, pol.Cluster, &pol, pol.Internal == dataplane.TargetCluster)
 	}
-	if usesLocal {
-		objs.addPolicyChain(f, sp, n, n.local, n.localMap, local, internalChain == n.local, rc)
-		endpoints = append(endpoints, local...)
+	if pol.Local != nil {
+		objs.addPolicyChain(f, sp, n, n.local, n.localMap, pol.Local, &pol, pol.Internal == dataplane.TargetLocal)
 	}
-	seen := map[string]bool{}
-	for _, ep := range endpoints {
+	for _, ep := range pol.Endpoints() {
 		chainName, affinity := endpointNames(n.base, ep)
-		if seen[chainName] {
-			continue
-		}
-		seen[chainName] = true
 		c := &chain{name: chainName, rules: []rule{
 			// Hairpin: an endpoint reaching its own service must see the
 			// reply come from the node, not from itself.
@@ -378,53 +303,48 @@ func renderPort(f *family, sp *model.ServicePort, rc renderConfig) *portObjects 
 }
 
 // externalChain is where traffic to the node port, external IPs and
-// load-balancer IPs goes before choosing an endpoint.
-func externalChain(f *family, sp *model.ServicePort, n servicePortNames, rc renderConfig, hasLocal bool) *chain {
-	r := func() *ruleBuilder { return newRule(f) }
-	c := &chain{name: n.external}
-	if !sp.ExternalPolicyLocal {
-		// The endpoint may be on another node: masquerade so that the
-		// reply comes back through this one.
-		c.rules = append(c.rules, r().jump(chainMarkMasq).build(), r().goTo(n.service).build())
-		return c
+// load-balancer IPs goes before choosing an endpoint: the policy's
+// external rules, in order, each a masquerade mark if it asks for one and
+// a goto to its target's chain (or a drop).
+func externalChain(f *family, rules []dataplane.ExternalRule, name string, targetChain map[dataplane.Target]string) *chain {
+	c := &chain{name: name}
+	from := func(src dataplane.Source) *ruleBuilder {
+		r := newRule(f)
+		switch src {
+		case dataplane.SourceClusterCIDRs:
+			r.addrInSet("saddr", false, setClusterCIDRs)
+		case dataplane.SourceNode:
+			r.fibLocal("saddr")
+		}
+		return r
 	}
-	// externalTrafficPolicy Local keeps the client's address and uses this
-	// node's endpoints only. Pods and the node itself are not "external":
-	// they go to any endpoint, as if they had gone out to the load
-	// balancer and come back in.
-	if len(rc.clusterCIDRs) > 0 {
-		c.rules = append(c.rules, r().addrInSet("saddr", false, setClusterCIDRs).goTo(n.service).build())
-	}
-	c.rules = append(c.rules,
-		// The node's own address is a local one: the reply must come back
-		// to the node, so masquerade.
-		r().fibLocal("saddr").jump(chainMarkMasq).build(),
-		r().fibLocal("saddr").goTo(n.service).build())
-	if hasLocal {
-		c.rules = append(c.rules, r().goTo(n.local).build())
-	} else {
-		// No endpoint here: drop, so that the load balancer's health check
-		// (which fails too) moves traffic to nodes that have one.
-		c.rules = append(c.rules, r().drop().build())
+	for _, rule := range rules {
+		if rule.Masquerade {
+			c.rules = append(c.rules, from(rule.From).jump(chainMarkMasq).build())
+		}
+		if rule.To == dataplane.TargetDrop {
+			c.rules = append(c.rules, from(rule.From).drop().build())
+		} else {
+			c.rules = append(c.rules, from(rule.From).goTo(targetChain[rule.To]).build())
+		}
 	}
 	return c
 }
 
 // addPolicyChain adds a chain choosing one of eps at random (after
-// ClientIP affinity, if any), and its numgen map.
+// ClientIP affinity, if any), and its numgen map. When the chain is the
+// cluster IP's target (internal), it first applies the policy's
+// masquerading of cluster-IP traffic.
 func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
-	eps []model.Endpoint, internal bool, rc renderConfig) {
+	eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
 	r := func() *ruleBuilder { return newRule(f) }
 	c := &chain{name: name}
-	if internal && f.has(sp.ClusterIP) {
-		switch {
-		case rc.masqueradeAll:
-			c.rules = append(c.rules, r().addrIs("daddr", false, sp.ClusterIP).jump(chainMarkMasq).build())
-		case len(rc.clusterCIDRs) > 0:
-			// A client outside the pod networks (routed to the service
-			// range through this node) must get its replies through
-			// this node too.
-			c.rules = append(c.rules, r().addrIs("daddr", false, sp.ClusterIP).
+	if internal && pol.ClusterIP.IsValid() {
+		switch pol.InternalMasquerade {
+		case dataplane.MasqueradeAll:
+			c.rules = append(c.rules, r().addrIs("daddr", false, pol.ClusterIP).jump(chainMarkMasq).build())
+		case dataplane.MasqueradeOutsideClusterCIDRs:
+			c.rules = append(c.rules, r().addrIs("daddr", false, pol.ClusterIP).
 				addrInSet("saddr", true, setClusterCIDRs).jump(chainMarkMasq).build())
 		}
 	}

@@ -173,8 +173,8 @@ func TestRenderGolden(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs, _ := render(tc.f, portsOf(tc.ports...), newRenderConfig(tc.f, tc.cfg))
-			again, _ := render(tc.f, portsOf(tc.ports...), newRenderConfig(tc.f, tc.cfg))
+			rs, _ := render(tc.f, portsOf(tc.ports...), newNodePolicy(tc.f, tc.cfg))
+			again, _ := render(tc.f, portsOf(tc.ports...), newNodePolicy(tc.f, tc.cfg))
 			got := rs.String()
 			if again.String() != got {
 				t.Fatal("rendering is not deterministic")

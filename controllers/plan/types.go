@@ -1,0 +1,148 @@
+package plan
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// The annotations the operator keeps on a ProxyNode. They are written in
+// the same update as the spec they describe, so a crash can never leave one
+// without the other. Together with ProxyNode.spec and ProxyConfig.status
+// they are the whole memory of a rollout.
+const (
+	// AnnotationRollout names the rollout that moved the node to its
+	// current spec: "<config name>@<status.startTime in RFC 3339>".
+	AnnotationRollout = "network.proxyshift.io/rollout"
+	// AnnotationRolledBack is set to the rollout's name when that rollout
+	// sent the node back to its previous mode.
+	AnnotationRolledBack = "network.proxyshift.io/rolled-back"
+	// AnnotationRequestedAt is when the operator last changed the node's
+	// spec (RFC 3339 with nanoseconds); the node timeout counts from it.
+	AnnotationRequestedAt = "network.proxyshift.io/requested-at"
+	// AnnotationPreviousMode is the mode that served traffic on the node
+	// (status.activeMode) when a rollout moved it; rollback returns there.
+	AnnotationPreviousMode = "network.proxyshift.io/previous-mode"
+	// AnnotationPreviousSettings holds, as JSON, the settings the node ran
+	// its previous mode with, when its spec had them; absent means none.
+	AnnotationPreviousSettings = "network.proxyshift.io/previous-settings"
+	// AnnotationPreviousConfig is the configRef ("<name>/<generation>") of
+	// the spec that made the node run its previous mode. A rollback writes
+	// it back, so the rollback's configRef differs from the failed move's
+	// (an agent keys "have I acted on this spec" on configRef). Absent
+	// means the previous mode did not come from a ProxyNode spec (the node
+	// ran it before proxyshift); the rollback then uses generation 0.
+	AnnotationPreviousConfig = "network.proxyshift.io/previous-config"
+)
+
+// Condition types the operator reads on a ProxyNode (written by the agent).
+// A node is healthy unless Ready is False or Degraded is True; a condition
+// that is absent says nothing. The agent should use these names.
+const (
+	NodeConditionReady    = "Ready"
+	NodeConditionDegraded = "Degraded"
+)
+
+// Reasons of the ProxyConfig conditions. Each says what a person can do.
+const (
+	ReasonInvalidSpec     = "InvalidSpec"      // fix the spec field named in the message
+	ReasonNoNodesSelected = "NoNodesSelected"  // the selector matches no node
+	ReasonPreflight       = "Preflight"        // waiting for agents to report kernel facts
+	ReasonPreflightFailed = "PreflightFailed"  // nodes cannot run the mode; nothing was changed
+	ReasonCanary          = "Canary"           // the canary nodes are moving
+	ReasonCanaryPause     = "CanaryPause"      // the canary passed; waiting spec.rollout.canary.pause
+	ReasonRollingOut      = "RollingOut"       // batches are moving
+	ReasonWaitingForNodes = "WaitingForNodes"  // nodes the rollout did not move are still settling
+	ReasonPaused          = "Paused"           // spec.rollout.paused is set
+	ReasonCompleted       = "RolloutCompleted" // every node runs the target
+	ReasonAllNodesUpdated = "AllNodesUpdated"  // Ready=True
+	ReasonInProgress      = "RolloutInProgress"
+	ReasonNodeFailed      = "NodeFailed"     // a node failed; the rollout stopped
+	ReasonRollingBack     = "RollingBack"    // moved nodes are returning to their previous mode
+	ReasonRolledBack      = "RolledBack"     // rollback finished; the rollout failed
+	ReasonRollbackFailed  = "RollbackFailed" // a node failed to return; needs a person
+	ReasonNodeUnhealthy   = "NodeUnhealthy"  // a node the rollout cannot act on is failing
+	ReasonConflict        = "Conflict"       // nodes are selected by another ProxyConfig too
+	ReasonAsExpected      = "AsExpected"
+)
+
+// Event reasons.
+const (
+	EventRolloutStarted   = "RolloutStarted"
+	EventCanaryPassed     = "CanaryPassed"
+	EventNodeUpdated      = "NodeUpdated"
+	EventNodeFailed       = "NodeFailed"
+	EventRollbackStarted  = "RollbackStarted"
+	EventRolloutCompleted = "RolloutCompleted"
+	EventConflict         = "Conflict"
+	EventPreflightFailed  = "PreflightFailed"
+)
+
+// Defaults for unset policy fields (they match the API defaults, which the
+// API server normally fills in).
+const (
+	DefaultNodeTimeout    = 5 * time.Minute
+	DefaultCanaryNodes    = 1
+	DefaultMaxUnavailable = 1
+)
+
+// Node is what the planner needs of a Node: its identity and labels.
+type Node struct {
+	Name   string
+	UID    types.UID
+	Labels map[string]string
+	// Deleting is true once the node has a deletion timestamp; it then
+	// drops out of every count.
+	Deleting bool
+}
+
+// Input is everything the planner looks at. The planner never modifies it.
+type Input struct {
+	// Config is the ProxyConfig to plan for, with the status last written.
+	Config *v1alpha1.ProxyConfig
+	// Others are the other ProxyConfigs (Config itself may be included;
+	// it is skipped by name), for conflict detection.
+	Others []v1alpha1.ProxyConfig
+	// Nodes are the cluster's nodes (at least every node Config selects).
+	Nodes []Node
+	// ProxyNodes are the ProxyNodes by name.
+	ProxyNodes map[string]*v1alpha1.ProxyNode
+	// Now is the current time.
+	Now time.Time
+}
+
+// Event is an event to record about the ProxyConfig.
+type Event struct {
+	// Warning is true for Warning events, false for Normal ones.
+	Warning bool
+	Reason  string
+	Message string
+	// Node is the node (and ProxyNode) the event is about, if any.
+	Node string
+}
+
+// Result is what to do: the objects to write, the status, the events, and
+// when to look again.
+type Result struct {
+	// Status is the complete new status of the ProxyConfig.
+	Status v1alpha1.ProxyConfigStatus
+	// Create are ProxyNodes to create (empty spec, owned by their Node).
+	Create []*v1alpha1.ProxyNode
+	// Delete are ProxyNodes left by a Node that was replaced by a new one
+	// of the same name.
+	Delete []*v1alpha1.ProxyNode
+	// Update are ProxyNodes with a new spec and annotations; each is a
+	// modified copy of the input object (same resourceVersion), to be
+	// written with an optimistic-concurrency update.
+	Update []*v1alpha1.ProxyNode
+	// Events are events to record.
+	Events []Event
+	// Updated names the nodes this rollout moved that now run the target
+	// (for NodeUpdated events, which the caller de-duplicates).
+	Updated []string
+	// RequeueAfter is when to plan again even if nothing changes (a node
+	// timeout or the canary pause ends); zero means no need.
+	RequeueAfter time.Duration
+}

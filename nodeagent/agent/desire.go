@@ -1,0 +1,272 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/nodeagent/switcher"
+	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
+)
+
+// agentState turns the ProxyNode (or, standalone, the flags) into what
+// the switcher and the sync loop run with.
+type agentState struct {
+	opts       Options
+	ns         nsexec.NS
+	nodeLister corelisters.NodeLister
+	pnStore    cache.Store
+	sw         *switcher.Switcher
+	loops      *loopRunner
+
+	// held and heldGen: the previous agent reported the switch of this
+	// generation failed.
+	held                    bool
+	heldGen                 int64
+	heldReason, heldMessage string
+	resume                  bool
+
+	mu  sync.Mutex
+	cur *effective
+}
+
+// effective is the resolved desire: the mode and the settings the
+// backends and the loop run with.
+type effective struct {
+	desire   switcher.Desire
+	cfg      dataplane.NodeConfig
+	settings v1alpha1.ProxySettings
+	sync     syncloop.Config
+}
+
+func (a *agentState) current() *effective {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cur
+}
+
+// proxyNode is this node's ProxyNode from the informer (nil if none).
+func (a *agentState) proxyNode() *v1alpha1.ProxyNode {
+	if a.pnStore == nil {
+		return nil
+	}
+	o, ok, err := a.pnStore.GetByKey(a.opts.NodeName)
+	if err != nil || !ok {
+		return nil
+	}
+	pn, _ := o.(*v1alpha1.ProxyNode)
+	return pn
+}
+
+// resolve computes the effective desire from the ProxyNode, falling back
+// to the flags for everything it does not set.
+func (a *agentState) resolve() error {
+	o := a.opts
+	mode := o.Mode
+	var settings v1alpha1.ProxySettings
+	var gen int64
+	var ref *v1alpha1.ConfigReference
+	if pn := a.proxyNode(); pn != nil {
+		gen, ref = pn.Generation, pn.Spec.ConfigRef.DeepCopy()
+		if pn.Spec.DesiredMode != "" {
+			mode = pn.Spec.DesiredMode
+			settings = *pn.Spec.Settings.DeepCopy()
+		}
+	}
+	cidrs := o.ClusterCIDRs
+	if len(settings.ClusterCIDRs) > 0 {
+		cidrs = nil
+		for _, c := range settings.ClusterCIDRs {
+			p, err := netip.ParsePrefix(string(c))
+			if err != nil {
+				return fmt.Errorf("spec.settings.clusterCIDRs: %q is not a CIDR", c)
+			}
+			cidrs = append(cidrs, p.Masked())
+		}
+	}
+	npa := o.NodePortAddresses
+	if len(settings.NodePortAddresses) > 0 {
+		npa = nil
+		for _, s := range settings.NodePortAddresses {
+			npa = append(npa, string(s))
+		}
+	}
+	node, err := a.nodeLister.Get(o.NodeName)
+	if apierrors.IsNotFound(err) {
+		node = nil
+	} else if err != nil {
+		return err
+	}
+	local, err := localAddrs(o.NetNS)
+	if err != nil {
+		return fmt.Errorf("list the node's addresses: %w", err)
+	}
+	nodeIPs, err := NodePortIPs(npa, node, local)
+	if err != nil {
+		return err
+	}
+	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
+	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
+	var modeSettings any
+	var sched v1alpha1.IPVSScheduler
+	parse := func(field string, d v1alpha1.Duration, into *time.Duration) error {
+		v, err := d.Parse(*into)
+		if err != nil {
+			return fmt.Errorf("spec.settings.%s: %w", field, err)
+		}
+		*into = v
+		return nil
+	}
+	switch {
+	case mode == v1alpha1.ModeIPTables && settings.IPTables != nil:
+		s := settings.IPTables
+		modeSettings = s
+		cfg.MasqueradeAll = s.MasqueradeAll
+		if s.MasqueradeBit != nil {
+			cfg.MasqueradeBit = int(*s.MasqueradeBit)
+		}
+		if err := parse("iptables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
+			return err
+		}
+		if err := parse("iptables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
+			return err
+		}
+	case mode == v1alpha1.ModeNFTables && settings.NFTables != nil:
+		s := settings.NFTables
+		modeSettings = s
+		if err := parse("nftables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
+			return err
+		}
+		if err := parse("nftables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
+			return err
+		}
+	case mode == v1alpha1.ModeIPVS && settings.IPVS != nil:
+		modeSettings = settings.IPVS
+		sched = settings.IPVS.Scheduler
+	}
+	key, _ := json.Marshal(struct {
+		Cfg  dataplane.NodeConfig
+		Mode any
+	}{cfg, modeSettings})
+	d := switcher.Desire{
+		Mode: mode, Key: string(key), Scheduler: sched, Config: ref, Generation: gen,
+		Held: a.held && gen == a.heldGen, Resume: a.resume,
+	}
+	if d.Held {
+		d.HeldReason, d.HeldMessage = a.heldReason, a.heldMessage
+	}
+	a.mu.Lock()
+	a.cur = &effective{desire: d, cfg: cfg, settings: settings, sync: sc}
+	a.mu.Unlock()
+	return nil
+}
+
+// onChange follows a ProxyNode change.
+func (a *agentState) onChange(ctx context.Context) {
+	prev := a.current()
+	if err := a.resolve(); err != nil {
+		klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
+		return
+	}
+	cur := a.current()
+	if cur.sync != prev.sync && a.loops != nil {
+		a.loops.restart(ctx, cur.sync)
+	}
+	if a.sw != nil {
+		a.sw.SetDesire(cur.desire)
+	}
+}
+
+// backend builds mode's backend with the current settings.
+func (a *agentState) backend(mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
+	cur := a.current()
+	if f, ok := a.opts.SettingsBackends[mode]; ok {
+		b, err := f(cur.cfg, *cur.settings.DeepCopy())
+		return b, cur.desire.Key, err
+	}
+	f, ok := a.opts.Backends[mode]
+	if !ok {
+		return nil, "", fmt.Errorf("mode %q is not supported by this agent (supported: %v)", mode, a.opts.modes())
+	}
+	b, err := f(cur.cfg)
+	return b, cur.desire.Key, err
+}
+
+// probeIPs are the node addresses NodePorts are probed on: the NodePort
+// addresses, or every non-loopback address of the node.
+func (a *agentState) probeIPs() []netip.Addr {
+	if ips := a.current().cfg.NodeIPs; len(ips) > 0 {
+		return ips
+	}
+	local, err := localAddrs(a.opts.NetNS)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, ip := range local {
+		if !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// loopRunner runs the sync loop and restarts it when its pacing changes.
+type loopRunner struct {
+	source  syncloop.Source
+	backend dataplane.Backend
+	metrics *syncloop.Metrics
+	onSync  func(syncloop.Result)
+
+	mu     sync.Mutex
+	loop   *syncloop.Loop
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *loopRunner) start(ctx context.Context, cfg syncloop.Config) {
+	lctx, cancel := context.WithCancel(ctx)
+	l := syncloop.New(cfg, r.source, r.backend, r.metrics)
+	l.OnSync = r.onSync
+	done := make(chan struct{})
+	go func() { l.Run(lctx); close(done) }()
+	r.mu.Lock()
+	r.loop, r.cancel, r.done = l, cancel, done
+	r.mu.Unlock()
+}
+
+func (r *loopRunner) stop() {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// restart stops the loop and starts one with cfg; the new loop's first
+// sync is a full one, so no change is lost.
+func (r *loopRunner) restart(ctx context.Context, cfg syncloop.Config) {
+	r.stop()
+	klog.InfoS("Sync pacing changed; restarting the sync loop", "minSyncPeriod", cfg.MinSyncPeriod, "syncPeriod", cfg.SyncPeriod)
+	r.start(ctx, cfg)
+}
+
+func (r *loopRunner) healthy(timeout time.Duration) error {
+	r.mu.Lock()
+	l := r.loop
+	r.mu.Unlock()
+	return l.Healthy(timeout)
+}

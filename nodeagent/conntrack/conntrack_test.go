@@ -1,0 +1,62 @@
+package conntrack
+
+import (
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+func TestStale(t *testing.T) {
+	ep := func(ip string, serving bool) model.Endpoint {
+		return model.Endpoint{IP: netip.MustParseAddr(ip), Port: 53, Ready: serving, Serving: serving}
+	}
+	dns := &model.ServicePort{
+		Name: model.ServicePortName{Namespace: "ns", Name: "dns", Protocol: corev1.ProtocolUDP}, Family: corev1.IPv4Protocol,
+		ClusterIP: netip.MustParseAddr("10.96.0.10"), Protocol: corev1.ProtocolUDP, Port: 53, NodePort: 30053,
+		ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
+		Endpoints:   []model.Endpoint{ep("10.1.0.2", true), ep("10.1.0.3", false)},
+	}
+	empty := &model.ServicePort{
+		Name: model.ServicePortName{Namespace: "ns", Name: "empty", Protocol: corev1.ProtocolUDP}, Family: corev1.IPv4Protocol,
+		ClusterIP: netip.MustParseAddr("10.96.0.11"), Protocol: corev1.ProtocolUDP, Port: 53,
+	}
+	web := &model.ServicePort{
+		Name: model.ServicePortName{Namespace: "ns", Name: "web", Protocol: corev1.ProtocolTCP}, Family: corev1.IPv4Protocol,
+		ClusterIP: netip.MustParseAddr("10.96.0.12"), Protocol: corev1.ProtocolTCP, Port: 80,
+	}
+	snap := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
+		corev1.IPv4Protocol: {dns.Name: dns, empty.Name: empty, web.Name: web},
+	}}
+	f := Build(snap, corev1.IPv4Protocol, []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+	for _, tc := range []struct {
+		name  string
+		proto uint8
+		dst   string
+		reply string
+		want  bool
+	}{
+		{"to a serving endpoint", unix.IPPROTO_UDP, "10.96.0.10:53", "10.1.0.2", false},
+		{"to a gone endpoint", unix.IPPROTO_UDP, "10.96.0.10:53", "10.1.0.9", true},
+		{"to a terminating, not serving endpoint", unix.IPPROTO_UDP, "10.96.0.10:53", "10.1.0.3", true},
+		{"untranslated, from when there was no endpoint", unix.IPPROTO_UDP, "10.96.0.10:53", "10.96.0.10", true},
+		{"external IP to a gone endpoint", unix.IPPROTO_UDP, "192.0.2.10:53", "10.1.0.9", true},
+		{"NodePort on a node address to a gone endpoint", unix.IPPROTO_UDP, "192.0.2.1:30053", "10.1.0.9", true},
+		{"NodePort number on another address", unix.IPPROTO_UDP, "192.0.2.99:30053", "10.1.0.9", false},
+		{"service without endpoints", unix.IPPROTO_UDP, "10.96.0.11:53", "10.1.0.4", true},
+		{"another port of the cluster IP", unix.IPPROTO_UDP, "10.96.0.10:54", "10.1.0.9", false},
+		{"not a service", unix.IPPROTO_UDP, "10.1.0.2:8080", "10.1.0.2", false},
+		{"TCP is never touched", unix.IPPROTO_TCP, "10.96.0.12:80", "10.1.0.9", false},
+	} {
+		got := f.Stale(Flow{Protocol: tc.proto, OrigDst: netip.MustParseAddrPort(tc.dst), ReplySrc: netip.MustParseAddr(tc.reply)})
+		if got != tc.want {
+			t.Errorf("%s: Stale = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if !HasUDPChange(model.ChangeSet{dns.Name: {}}, false) || HasUDPChange(model.ChangeSet{web.Name: {}}, false) || !HasUDPChange(nil, true) {
+		t.Error("HasUDPChange")
+	}
+}

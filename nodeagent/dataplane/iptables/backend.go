@@ -1,0 +1,311 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// Backend is the iptables dataplane. It is safe for concurrent use: syncs
+// and cleanups are serialized, Programmed only reads.
+type Backend struct {
+	run    runner
+	policy map[*family]*dataplane.NodePolicy
+
+	mu sync.Mutex
+	// state is what the last successful sync of each family programmed;
+	// without it the next sync of the family is a full one.
+	state map[*family]*ruleset
+	// swept says the other variant has been cleared of proxyshift's
+	// objects since New or Cleanup.
+	swept bool
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// detectTimeout bounds the iptables-save runs of New's detection.
+const detectTimeout = time.Minute
+
+// New returns a backend for the node cfg describes, programming the
+// iptables variant the host uses (see Detect) unless WithVariant forces
+// one. It fails if that variant's tools are missing: no silent fallback
+// to the other.
+//
+// New does not change any rule: the rules a previous agent programmed keep
+// working until the first Sync, a full one, replaces them in one
+// iptables-restore transaction per family, so an agent restart never
+// interrupts traffic.
+func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("iptables: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
+	}
+	o := newOptions(opts)
+	switch o.variant {
+	case Legacy, NFT:
+	case "":
+		ctx, cancel := context.WithTimeout(context.Background(), detectTimeout)
+		defer cancel()
+		v, err := detect(ctx, o.netns)
+		if err != nil {
+			return nil, err
+		}
+		o.variant = v
+	default:
+		return nil, fmt.Errorf("iptables: unknown variant %q (want %s or %s)", o.variant, Legacy, NFT)
+	}
+	b := &Backend{
+		run:    runner{variant: o.variant, netns: o.netns},
+		policy: map[*family]*dataplane.NodePolicy{},
+		state:  map[*family]*ruleset{},
+	}
+	if ok, missing := b.run.installed(); !ok {
+		return nil, fmt.Errorf("iptables: %s variant: %s %w", o.variant, missing, errNotInstalled)
+	}
+	for _, f := range families {
+		np := dataplane.NewNodePolicy(cfg, f.model)
+		b.policy[f] = &np
+	}
+	return b, nil
+}
+
+// Mode returns v1alpha1.ModeIPTables.
+func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPTables }
+
+// Variant returns the iptables variant the backend programs.
+func (b *Backend) Variant() Variant { return b.run.variant }
+
+// Sync programs the model's families (those present in req.Model.Ports),
+// one iptables-restore --noflush transaction per family.
+//
+// An incremental sync rewrites only the chains and rules of the service
+// ports in req.Changed, from what the backend remembers programming. If
+// the kernel rejects it (a rule it deletes is gone) it is retried at once
+// as a full sync, which reads the tables back with iptables-save and
+// rewrites every proxyshift chain and jump rule, repairing any drift.
+// Callers should still ask for a full sync now and then, since drift that
+// an incremental sync does not trip over (a flushed chain, a deleted jump
+// rule) is only repaired by one.
+//
+// The first successful sync after New or Cleanup also removes any
+// proxyshift objects from the other iptables variant, so that rules are
+// never split between the two.
+func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	if req.Model == nil {
+		return dataplane.Counts{}, errors.New("iptables: sync without a model")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, f := range families {
+		ports, ok := req.Model.Ports[f.model]
+		if !ok {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := b.syncFamily(ctx, f, ports, req); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 && !b.swept {
+		if _, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: remove proxyshift's rules from the %s variant: %w", b.run.variant.other(), err))
+		} else {
+			b.swept = true
+		}
+	}
+	var c dataplane.Counts
+	for _, rs := range b.state {
+		c = add(c, rs.counts())
+	}
+	return c, errors.Join(errs...)
+}
+
+func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
+	if rs := b.state[f]; rs != nil && !req.Full {
+		if err := b.incremental(ctx, f, rs, ports, req.Changed); err == nil {
+			return nil
+		}
+	}
+	return b.full(ctx, f, ports)
+}
+
+// full rewrites everything proxyshift owns in the family's tables.
+func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+	delete(b.state, f)
+	rs := render(b.policy[f], ports)
+	cur, err := b.run.read(ctx, f, nil, false)
+	if err != nil {
+		return err
+	}
+	if err := b.run.restore(ctx, f, fullRestore(rs, cur)); err != nil {
+		return err
+	}
+	b.state[f] = rs
+	return nil
+}
+
+// incremental rewrites the chains and rules of the changed service ports
+// (a changed name absent from the model was deleted).
+func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) error {
+	var changes []portChange
+	for _, name := range sortedNames(changed) {
+		old, sp := rs.ports[name], ports[name]
+		if old == nil && sp == nil {
+			continue
+		}
+		ch := portChange{name: name, old: old}
+		if sp != nil {
+			ch.new = renderPort(b.policy[f], sp)
+		}
+		changes = append(changes, ch)
+	}
+	if input := incrementalRestore(changes); input != nil {
+		if err := b.run.restore(ctx, f, input); err != nil {
+			return err
+		}
+	}
+	for _, ch := range changes {
+		if ch.new == nil {
+			delete(rs.ports, ch.name)
+		} else {
+			rs.ports[ch.name] = ch.new
+		}
+	}
+	return nil
+}
+
+// Programmed reads back what the backend's variant holds in both
+// families: Services counts the service ports named in the comments of
+// the fixed chains' rules, Endpoints the endpoint chains with rules, Rules
+// every rule of a proxyshift chain plus the jump rules into them.
+func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	var total dataplane.Counts
+	for _, f := range families {
+		cur, err := b.run.read(ctx, f, sharedChains, true)
+		if err != nil {
+			return total, err
+		}
+		total = add(total, countSaved(cur))
+	}
+	return total, nil
+}
+
+// Cleanup removes every proxyshift chain, and the jump rules into them,
+// from both iptables variants and both families, and returns one line per
+// removed object. Nothing else is touched. The next Sync is a full one.
+func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state = map[*family]*ruleset{}
+	b.swept = false
+	removed, err := cleanupVariant(ctx, b.run, true)
+	if err != nil {
+		return removed, err
+	}
+	other, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false)
+	return append(removed, other...), err
+}
+
+// cleanupVariant removes proxyshift's objects from one variant, both
+// families. A variant whose tools are missing holds nothing to remove; a
+// family whose iptables-save fails is an error only if strict (for the
+// variant the backend programs): in the other variant it means the
+// variant does not work here, so no rule of it can be in the way.
+func cleanupVariant(ctx context.Context, r runner, strict bool) ([]string, error) {
+	if ok, _ := r.installed(); !ok {
+		return nil, nil
+	}
+	var removed []string
+	for _, f := range families {
+		cur, err := r.read(ctx, f, nil, false)
+		if err != nil {
+			if strict {
+				return removed, err
+			}
+			continue
+		}
+		input, lines := cleanupRestore(cur, r.tool(f))
+		if input == nil {
+			continue
+		}
+		if err := r.restore(ctx, f, input); err != nil {
+			return removed, err
+		}
+		removed = append(removed, lines...)
+	}
+	return removed, nil
+}
+
+// sharedChains are the fixed chains whose rules belong to service ports.
+var sharedChains = map[string]bool{
+	chainServices: true, chainNodePorts: true, chainFirewall: true,
+	chainEndpointsCheck: true, chainNodePortsCheck: true,
+}
+
+// countSaved counts what Programmed reports in one family's tables.
+func countSaved(cur savedTables) dataplane.Counts {
+	var c dataplane.Counts
+	services := map[string]bool{}
+	for _, table := range tables {
+		t := cur[table]
+		if t == nil {
+			continue
+		}
+		for _, name := range t.chains {
+			switch {
+			case t.builtin[name]:
+				for _, s := range t.rules[name] {
+					if owned(target(s)) {
+						c.Rules++
+					}
+				}
+			case owned(name):
+				c.Rules += t.counts[name]
+				if isEndpointChain(name) && t.counts[name] > 0 {
+					c.Endpoints++
+				}
+				if sharedChains[name] {
+					for _, s := range t.rules[name] {
+						if id := commentPort(s); id != "" {
+							services[id] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	c.Services = len(services)
+	return c
+}
+
+// counts are the sizes of a ruleset, as Programmed reads them back.
+func (rs *ruleset) counts() dataplane.Counts {
+	c := dataplane.Counts{Rules: len(jumps)}
+	for _, ch := range rs.fixed {
+		c.Rules += len(ch.rules)
+	}
+	for _, pr := range rs.ports {
+		if len(pr.shared) > 0 {
+			c.Services++
+		}
+		c.Rules += len(pr.shared)
+		c.Endpoints += pr.endpoints
+		for _, ch := range pr.chains {
+			c.Rules += len(ch.rules)
+		}
+	}
+	return c
+}
+
+func add(a, b dataplane.Counts) dataplane.Counts {
+	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
+}

@@ -1,0 +1,191 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+)
+
+// hintChains are the chains kubelet (Kubernetes 1.17 and later) creates in
+// the mangle table of the variant the host uses, precisely so that
+// containers can tell which one that is.
+var hintChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
+
+// probe is what one variant's tools say about a network namespace.
+type probe struct {
+	variant Variant
+	// missing names a command of the variant that is not installed.
+	missing string
+	// err is why iptables-save failed for IPv4.
+	err error
+	// saved are the parsed iptables-save outputs of the families whose
+	// save worked.
+	saved []savedTables
+}
+
+// available says whether the variant's tools are installed and work.
+func (p *probe) available() bool { return p.missing == "" && p.err == nil }
+
+// why says why the variant is not available.
+func (p *probe) why() string {
+	if p.missing != "" {
+		return p.missing + " " + errNotInstalled.Error()
+	}
+	return p.err.Error()
+}
+
+// hint says whether a kubelet hint chain exists in the variant.
+func (p *probe) hint() bool {
+	for _, tables := range p.saved {
+		for _, t := range tables {
+			for _, c := range t.chains {
+				for _, h := range hintChains {
+					if c == h {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// rules counts the variant's rules; foreign ones only (not in a
+// proxyshift chain, not leading into one) if foreign is set.
+func (p *probe) rules(foreign bool) int {
+	n := 0
+	for _, tables := range p.saved {
+		for _, t := range tables {
+			for c, specs := range t.rules {
+				if !foreign {
+					n += len(specs)
+					continue
+				}
+				if owned(c) {
+					continue
+				}
+				for _, s := range specs {
+					if !owned(target(s)) {
+						n++
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// holds says whether the variant has any rule, or any chain besides the
+// built-in ones.
+func (p *probe) holds() bool {
+	for _, tables := range p.saved {
+		for _, t := range tables {
+			if len(t.rules) > 0 || len(t.chains) > len(t.builtin) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// summarize builds the probe of variant v from its iptables-save outputs
+// (IPv4 first; nil for a family whose save failed).
+func summarize(v Variant, outputs ...[]byte) (*probe, error) {
+	p := &probe{variant: v}
+	for _, out := range outputs {
+		if out == nil {
+			continue
+		}
+		tables, err := parseSave(out)
+		if err != nil {
+			return nil, err
+		}
+		p.saved = append(p.saved, tables)
+	}
+	return p, nil
+}
+
+// probeVariant runs the variant's iptables-save for both families.
+func probeVariant(ctx context.Context, v Variant, netns nsexec.NS) *probe {
+	r := runner{variant: v, netns: netns}
+	if ok, missing := r.installed(); !ok {
+		return &probe{variant: v, missing: missing}
+	}
+	out4, err := r.save(ctx, ipv4)
+	if err != nil {
+		return &probe{variant: v, err: err}
+	}
+	// A host without IPv6 has no working ip6tables; IPv4 still works.
+	out6, _ := r.save(ctx, ipv6)
+	p, err := summarize(v, out4, out6)
+	if err != nil {
+		return &probe{variant: v, err: err}
+	}
+	return p
+}
+
+// choose decides which variant the host uses, the way kube-proxy's
+// iptables-wrappers do: a variant that is not available is out; else the
+// one holding kubelet's hint chain; else the one with more rules, nft on
+// a tie (the default of current distributions). Only foreign rules count:
+// proxyshift's own must not make an earlier choice stick after the host
+// moved.
+func choose(legacy, nft *probe) (Variant, error) {
+	switch {
+	case !legacy.available() && !nft.available():
+		return "", fmt.Errorf("iptables: no usable variant (legacy: %s; nft: %s)", legacy.why(), nft.why())
+	case !legacy.available():
+		return NFT, nil
+	case !nft.available():
+		return Legacy, nil
+	case nft.hint():
+		return NFT, nil
+	case legacy.hint():
+		return Legacy, nil
+	case legacy.rules(true) > nft.rules(true):
+		return Legacy, nil
+	}
+	return NFT, nil
+}
+
+// Detect returns the iptables variant the host (or the network namespace
+// WithNetNSFd names) uses. It only reads: iptables-save of both variants
+// and both families.
+func Detect(ctx context.Context, opts ...Option) (Variant, error) {
+	return detect(ctx, newOptions(opts).netns)
+}
+
+func detect(ctx context.Context, netns nsexec.NS) (Variant, error) {
+	return choose(probeVariant(ctx, Legacy, netns), probeVariant(ctx, NFT, netns))
+}
+
+// KernelFacts reports, for the node's kernel facts, both iptables
+// variants: whether their tools work (Available: No when not installed,
+// Unknown when iptables-save fails) and whether they hold anything (a rule
+// or a chain of their own in any table; Unknown when Available is not
+// Yes). A variant holding rules the host does not use is how stale rules,
+// such as kube-proxy's in legacy after the host moved to nft, show up.
+func KernelFacts(ctx context.Context, opts ...Option) []v1alpha1.IPTablesBackend {
+	netns := newOptions(opts).netns
+	var out []v1alpha1.IPTablesBackend
+	for _, v := range variants {
+		out = append(out, facts(probeVariant(ctx, v, netns)))
+	}
+	return out
+}
+
+// facts turns a probe into the API's description of a variant.
+func facts(p *probe) v1alpha1.IPTablesBackend {
+	b := v1alpha1.IPTablesBackend{Name: string(p.variant), Available: v1alpha1.CapabilityYes, HasRules: v1alpha1.CapabilityNo}
+	switch {
+	case p.missing != "":
+		b.Available, b.HasRules = v1alpha1.CapabilityNo, v1alpha1.CapabilityUnknown
+	case p.err != nil:
+		b.Available, b.HasRules = v1alpha1.CapabilityUnknown, v1alpha1.CapabilityUnknown
+	case p.holds():
+		b.HasRules = v1alpha1.CapabilityYes
+	}
+	return b
+}

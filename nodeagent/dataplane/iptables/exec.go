@@ -1,0 +1,151 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+)
+
+// Variant is one of the two backends of iptables 1.8 and later: legacy
+// (the kernel's x_tables interface) or nft (iptables rules translated to
+// nf_tables). They are separate rule sets in the kernel; a host uses one.
+type Variant string
+
+// The iptables variants.
+const (
+	Legacy Variant = "legacy"
+	NFT    Variant = "nft"
+)
+
+// variants lists both variants, legacy first.
+var variants = []Variant{Legacy, NFT}
+
+// other returns the variant that is not v.
+func (v Variant) other() Variant {
+	if v == Legacy {
+		return NFT
+	}
+	return Legacy
+}
+
+// Option configures a Backend, Detect or KernelFacts.
+type Option func(*options)
+
+type options struct {
+	variant Variant
+	netns   nsexec.NS
+}
+
+// WithVariant makes New use variant v instead of detecting the one the
+// host uses. Detect and KernelFacts ignore it.
+func WithVariant(v Variant) Option {
+	return func(o *options) { o.variant = v }
+}
+
+// WithNetNSFd runs the iptables tools in the network namespace the file
+// descriptor fd refers to, instead of the caller's; 0 means the caller's,
+// as for the nftables backend. The caller keeps fd open while the backend
+// is used.
+func WithNetNSFd(fd int) Option {
+	return func(o *options) {
+		if fd > 0 {
+			o.netns = nsexec.NS(fd)
+		}
+	}
+}
+
+func newOptions(opts []Option) options {
+	o := options{netns: nsexec.Current}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// runner runs the iptables tools of one variant in a network namespace.
+// A process inherits the namespace of the thread that starts it, so
+// nsexec starts each one from a thread switched into the namespace.
+type runner struct {
+	variant Variant
+	netns   nsexec.NS
+}
+
+// netnsFD returns the namespace's file descriptor for netlink sockets; 0
+// for the caller's.
+func (r runner) netnsFD() int {
+	if r.netns.IsCurrent() {
+		return 0
+	}
+	return int(r.netns)
+}
+
+// command names the tool op ("restore", "save") of the variant for
+// family f, such as iptables-nft-restore.
+func (r runner) command(f *family, op string) string {
+	return f.tool + "-" + string(r.variant) + "-" + op
+}
+
+// tool names the variant's tool set for family f in messages, such as
+// ip6tables-legacy.
+func (r runner) tool(f *family) string { return f.tool + "-" + string(r.variant) }
+
+// installed says whether the restore and save commands of both families
+// are installed, naming the first missing one if not.
+func (r runner) installed() (bool, string) {
+	for _, f := range families {
+		for _, op := range []string{"restore", "save"} {
+			if _, err := lookPath(r.command(f, op)); err != nil {
+				return false, r.command(f, op)
+			}
+		}
+	}
+	return true, ""
+}
+
+// lookPath finds a command in $PATH, or in /usr/sbin or /sbin, which
+// container images do not always have in $PATH.
+func lookPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+		if p, err := exec.LookPath(filepath.Join(dir, name)); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("iptables: %s: %w", name, exec.ErrNotFound)
+}
+
+// save returns the output of iptables-save for family f: every table the
+// variant has.
+func (r runner) save(ctx context.Context, f *family) ([]byte, error) {
+	return r.run(ctx, nil, r.command(f, "save"))
+}
+
+// restore runs one iptables-restore --noflush transaction for family f.
+// -w waits for the xtables lock, which the legacy variant takes.
+func (r runner) restore(ctx context.Context, f *family, input []byte) error {
+	_, err := r.run(ctx, input, r.command(f, "restore"), "-w", "5", "--noflush")
+	return err
+}
+
+// run runs a command with stdin and returns its stdout; the error carries
+// its stderr.
+func (r runner) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	path, err := lookPath(name)
+	if err != nil {
+		return nil, err
+	}
+	out, err := r.netns.Output(ctx, stdin, path, args...)
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
+	return out, nil
+}
+
+// errNotInstalled is returned for a variant whose tools are missing.
+var errNotInstalled = errors.New("not installed")

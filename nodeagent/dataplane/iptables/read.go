@@ -1,0 +1,169 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Reading the tables back.
+//
+// A sync, a cleanup and Programmed need different parts of what a variant
+// holds: every chain's name, the text of the rules of a few chains (the
+// built-in chains, for the jump rules; the fixed dispatch chains, for the
+// service ports' comments) and how many rules each chain has.
+//
+// For the legacy variant, iptables-legacy-save is the way: the kernel
+// hands the whole table over in one piece, and printing it costs little.
+// iptables-nft-save (1.8.x) instead asks the kernel for the rules of one
+// chain at a time, each a dump that walks every chain, and looks chains up
+// by name in lists; with 100 000 chains it takes minutes. For the nft
+// variant the backend therefore reads the chains and the rule counts with
+// two netlink dumps of the nf_tables table iptables-nft keeps the table
+// in (same name, family ip or ip6), and the text of the few chains it
+// needs with iptables-nft -S <chain>, which reads only that chain.
+
+// read returns the nat and filter tables of family f as far as a caller
+// needs them: every chain, the rules' text of the built-in chains and of
+// the chains text names, and, if counts, how many rules each chain has.
+// (A rule dump resumes each netlink message by skipping as many rules as
+// it already sent, so it grows faster than the table: syncs do not ask.)
+func (r runner) read(ctx context.Context, f *family, text map[string]bool, counts bool) (savedTables, error) {
+	if r.variant == Legacy {
+		out, err := r.save(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		cur, err := parseSave(out)
+		if err != nil {
+			return nil, fmt.Errorf("iptables: %s: %w", r.command(f, "save"), err)
+		}
+		return cur, nil
+	}
+	cur := savedTables{}
+	for _, table := range tables {
+		t, err := nftTable(r.netnsFD(), f, table, counts)
+		if err != nil {
+			return nil, fmt.Errorf("iptables: read %s table %s over netlink: %w", r.tool(f), table, err)
+		}
+		if t == nil {
+			continue
+		}
+		for _, c := range t.chains {
+			if !t.builtin[c] && !text[c] {
+				continue
+			}
+			out, err := r.run(ctx, nil, f.tool+"-nft", "-t", table, "-S", c)
+			if err != nil {
+				return nil, err
+			}
+			sub, err := parseRules(out)
+			if err != nil {
+				return nil, fmt.Errorf("iptables: %s -t %s -S %s: %w", r.tool(f), table, c, err)
+			}
+			t.rules[c] = sub[c]
+		}
+		cur[table] = t
+	}
+	return cur, nil
+}
+
+// builtinChains are the names iptables gives the base chains of its
+// tables.
+var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
+
+// nftTable reads the chains of nf_tables table name in family f, and if
+// counts how many rules each has, in network namespace netns (0: the
+// caller's). It returns nil if there is no such table. Rule texts are
+// left to the caller.
+func nftTable(netns int, f *family, name string, counts bool) (*savedTable, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	proto := byte(unix.NFPROTO_IPV4)
+	if f == ipv6 {
+		proto = unix.NFPROTO_IPV6
+	}
+	// dump runs one dump request filtered by table, calling fn with each
+	// answer's attributes.
+	dump := func(msgType, tableAttr uint16, fn func(*netlink.AttributeDecoder) error) error {
+		ae := netlink.NewAttributeEncoder()
+		ae.String(tableAttr, name)
+		attrs, err := ae.Encode()
+		if err != nil {
+			return err
+		}
+		msgs, err := conn.Execute(netlink.Message{
+			Header: netlink.Header{
+				Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType),
+				Flags: netlink.Request | netlink.Dump,
+			},
+			// struct nfgenmsg: family, version, resource id.
+			Data: append([]byte{proto, unix.NFNETLINK_V0, 0, 0}, attrs...),
+		})
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if len(m.Data) < 4 {
+				continue
+			}
+			ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+			if err != nil {
+				return err
+			}
+			if err := fn(ad); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+
+	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
+	err = dump(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, func(ad *netlink.AttributeDecoder) error {
+		var table, chain string
+		hooked := false
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_CHAIN_TABLE:
+				table = ad.String()
+			case unix.NFTA_CHAIN_NAME:
+				chain = ad.String()
+			case unix.NFTA_CHAIN_HOOK:
+				hooked = true
+			}
+		}
+		if table == name && chain != "" {
+			t.chains = append(t.chains, chain)
+			// A base chain iptables did not make is not one to read.
+			t.builtin[chain] = hooked && builtinChains[chain]
+		}
+		return ad.Err()
+	})
+	if errors.Is(err, unix.ENOENT) || err == nil && len(t.chains) == 0 {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !counts {
+		return t, nil
+	}
+	err = dump(unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, func(ad *netlink.AttributeDecoder) error {
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_RULE_CHAIN {
+				t.counts[ad.String()]++
+			}
+		}
+		return ad.Err()
+	})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, err
+	}
+	return t, nil
+}

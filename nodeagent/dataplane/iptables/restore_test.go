@@ -1,0 +1,310 @@
+package iptables
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// testPorts are three services: web (ClusterIP, three endpoints), np
+// (NodePort) and db (ClusterIP).
+func testPorts() map[model.ServicePortName]*model.ServicePort {
+	return portMap(
+		port("default", "web", "http", "10.96.0.10", 80,
+			endpoint("10.244.1.2", 8080, false), endpoint("10.244.2.3", 8080, false), endpoint("10.244.3.4", 8080, false)),
+		port("default", "np", "http", "10.96.0.11", 80, withNodePort(30080),
+			endpoint("10.244.1.5", 8080, true), endpoint("10.244.2.5", 8080, false)),
+		port("default", "db", "sql", "10.96.0.12", 5432, endpoint("10.244.1.9", 5432, false)),
+	)
+}
+
+func nameOf(ns, name, p string) model.ServicePortName {
+	return model.ServicePortName{Namespace: ns, Name: name, Port: p, Protocol: corev1.ProtocolTCP}
+}
+
+// changeOf pairs the rules rs holds for name with those of sp (nil: the
+// port was deleted).
+func changeOf(rs *ruleset, name model.ServicePortName, sp *model.ServicePort) portChange {
+	ch := portChange{name: name, old: rs.ports[name]}
+	if sp != nil {
+		ch.new = renderPort(policyFor(node, corev1.IPv4Protocol), sp)
+	}
+	return ch
+}
+
+// perPortChains returns every per-port chain named in input.
+func perPortChains(input string) map[string]bool {
+	out := map[string]bool{}
+	for _, w := range strings.Fields(input) {
+		if _, ok := blockKey(strings.TrimPrefix(w, ":")); ok {
+			out[strings.TrimPrefix(w, ":")] = true
+		}
+	}
+	return out
+}
+
+// chainsOfPort returns the names of the chains pr has.
+func chainsOfPort(prs ...*portRules) map[string]bool {
+	out := map[string]bool{}
+	for _, pr := range prs {
+		for _, c := range pr.chains {
+			out[c.name] = true
+		}
+	}
+	return out
+}
+
+func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
+	ports := testPorts()
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
+	name := nameOf("default", "np", "http")
+	sp := *ports[name]
+	sp.Endpoints = slices.Clone(sp.Endpoints)
+	sp.Endpoints[1].Port = 9090 // one endpoint replaced by another
+
+	ch := changeOf(rs, name, &sp)
+	input := string(incrementalRestore([]portChange{ch}))
+	t.Logf("restore input:\n%s", input)
+
+	mine := chainsOfPort(ch.old, ch.new)
+	for c := range perPortChains(input) {
+		if !mine[c] {
+			t.Errorf("input names chain %s of another port", c)
+		}
+	}
+	oldSEP := endpointChain(namesFor(name), ports[name].Endpoints[1])
+	newSEP := endpointChain(namesFor(name), sp.Endpoints[1])
+	n := namesFor(name)
+	for _, want := range []string{
+		":" + n.service + " - [0:0]", // rewritten: it chooses the new endpoint
+		":" + newSEP + " - [0:0]",
+		":" + oldSEP + " - [0:0]", // flushed, then deleted
+		"-X " + oldSEP,
+		"-A " + newSEP + " -s 10.244.2.5/32 -j " + chainMarkMasq,
+	} {
+		if !strings.Contains(input, want+"\n") {
+			t.Errorf("input lacks %q", want)
+		}
+	}
+	for _, unwanted := range []string{
+		":" + n.external,                        // unchanged
+		":" + n.local,                           // not used (externalTrafficPolicy Cluster)
+		":" + endpointChain(n, sp.Endpoints[0]), // unchanged endpoint
+		"*filter",                               // nothing changed there
+		"-D ", "-I ",                            // the port's shared rules are the same
+		":" + chainServices, ":" + chainNodePorts, // fixed chains are never flushed
+	} {
+		if strings.Contains(input, unwanted) {
+			t.Errorf("input contains %q", unwanted)
+		}
+	}
+}
+
+func TestIncrementalSharedRules(t *testing.T) {
+	ports := testPorts()
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
+	name := nameOf("default", "web", "http")
+	sp := *ports[name]
+	sp.Endpoints = nil // loses every endpoint: rejected from now on
+	n := namesFor(name)
+
+	input := string(incrementalRestore([]portChange{changeOf(rs, name, &sp)}))
+	t.Logf("restore input:\n%s", input)
+	want := []string{
+		"*nat",
+		":" + n.service + " - [0:0]",
+		"-D " + chainServices + ` -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http/TCP cluster IP" -m tcp --dport 80 -j ` + n.service,
+		"-X " + n.service,
+		"*filter",
+		"-I " + chainEndpointsCheck + ` 1 -d 10.96.0.10/32 -p tcp -m comment --comment "default/web:http/TCP has no endpoints" -m tcp --dport 80 -j REJECT --reject-with tcp-reset`,
+	}
+	last := -1
+	for _, w := range want {
+		i := strings.Index(input, w+"\n")
+		if i < 0 {
+			t.Errorf("input lacks %q", w)
+			continue
+		}
+		if i < last {
+			t.Errorf("%q comes too early", w)
+		}
+		last = i
+	}
+	if got := len(perPortChains(input)); got != 4 { // the service chain and three endpoints
+		t.Errorf("input names %d per-port chains, want 4", got)
+	}
+}
+
+func TestIncrementalDeletedPort(t *testing.T) {
+	ports := testPorts()
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
+	name := nameOf("default", "np", "http")
+	ch := changeOf(rs, name, nil)
+	input := string(incrementalRestore([]portChange{ch}))
+	for c := range chainsOfPort(ch.old) {
+		if !strings.Contains(input, "-X "+c+"\n") {
+			t.Errorf("chain %s is not deleted", c)
+		}
+	}
+	for _, r := range ch.old.shared {
+		if !strings.Contains(input, "-D "+r.chain+" "+r.spec+"\n") {
+			t.Errorf("rule %q of %s is not deleted", r.spec, r.chain)
+		}
+	}
+	if strings.Contains(input, "-A ") || strings.Contains(input, "-I ") {
+		t.Errorf("deleting a port adds rules:\n%s", input)
+	}
+}
+
+func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
+	ports := testPorts()
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
+	name := nameOf("default", "web", "http")
+	if input := incrementalRestore([]portChange{changeOf(rs, name, ports[name])}); input != nil {
+		t.Errorf("unchanged port gives input:\n%s", input)
+	}
+}
+
+// A full sync reads what is there: it fixes the jump rules (missing,
+// duplicated, changed, or leading to chains no longer wanted), deletes stale
+// proxyshift chains and leaves everything else alone.
+func TestFullRestoreRepairs(t *testing.T) {
+	cur, err := parseSave([]byte(`# Generated by iptables-save
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:PROXYSHIFT-SERVICES - [0:0]
+:PROXYSHIFT-SVC-STALESTALEST - [0:0]
+:PROXYSHIFT-OLD - [0:0]
+-A PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES
+-A POSTROUTING -j PROXYSHIFT-OLD
+-A PROXYSHIFT-SERVICES -j PROXYSHIFT-SVC-STALESTALEST
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+:DOCKER - [0:0]
+-A INPUT -j PROXYSHIFT-FILTER
+-A FORWARD -j DOCKER
+COMMIT
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := render(policyFor(node, corev1.IPv4Protocol), testPorts())
+	input := string(fullRestore(rs, cur))
+	t.Logf("restore input:\n%s", input)
+	for _, want := range []string{
+		`-D PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES`,
+		`-D POSTROUTING -j PROXYSHIFT-OLD`,
+		`-D INPUT -j PROXYSHIFT-FILTER`, // changed by hand
+		`-I OUTPUT 1 -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES`,
+		`-I POSTROUTING 1 -m comment --comment "proxyshift masquerading" -j PROXYSHIFT-POSTROUTING`,
+		`-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment "proxyshift service checks" -j PROXYSHIFT-FILTER`,
+		":PROXYSHIFT-SVC-STALESTALEST - [0:0]",
+		"-X PROXYSHIFT-SVC-STALESTALEST",
+		"-X PROXYSHIFT-OLD",
+	} {
+		if !strings.Contains(input, want+"\n") {
+			t.Errorf("input lacks %q", want)
+		}
+	}
+	if strings.Count(input, "-D PREROUTING") != 1 || strings.Contains(input, "-I PREROUTING") {
+		t.Error("the existing PREROUTING jump is not kept exactly once")
+	}
+	for _, foreign := range []string{"KUBE-", "DOCKER", ":PREROUTING", ":FORWARD"} {
+		if strings.Contains(input, foreign) {
+			t.Errorf("input touches %s", foreign)
+		}
+	}
+}
+
+func TestCleanupRestore(t *testing.T) {
+	cur, err := parseSave([]byte(`*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:PROXYSHIFT-SERVICES - [0:0]
+:PROXYSHIFT-SVC-AAAAAAAAAAAAA - [0:0]
+-A PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES
+-A PREROUTING -j KUBE-SERVICES
+-A PROXYSHIFT-SERVICES -j PROXYSHIFT-SVC-AAAAAAAAAAAAA
+-A KUBE-SERVICES -j RETURN
+COMMIT
+*mangle
+:PREROUTING ACCEPT [0:0]
+:KUBE-IPTABLES-HINT - [0:0]
+COMMIT
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	input, removed := cleanupRestore(cur, "iptables-nft")
+	want := `*nat
+:PROXYSHIFT-SERVICES - [0:0]
+:PROXYSHIFT-SVC-AAAAAAAAAAAAA - [0:0]
+-D PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES
+-X PROXYSHIFT-SERVICES
+-X PROXYSHIFT-SVC-AAAAAAAAAAAAA
+COMMIT
+`
+	if string(input) != want {
+		t.Errorf("cleanup input:\n%s\nwant:\n%s", input, want)
+	}
+	wantRemoved := []string{
+		"iptables-nft nat rule PREROUTING -> PROXYSHIFT-SERVICES",
+		"iptables-nft nat chain PROXYSHIFT-SERVICES",
+		"iptables-nft nat chain PROXYSHIFT-SVC-AAAAAAAAAAAAA",
+	}
+	if !slices.Equal(removed, wantRemoved) {
+		t.Errorf("removed %q, want %q", removed, wantRemoved)
+	}
+	if input, removed := cleanupRestore(savedTables{}, "iptables-nft"); input != nil || removed != nil {
+		t.Errorf("nothing to clean up gives %q, %q", input, removed)
+	}
+}
+
+func TestCountsMatchSaved(t *testing.T) {
+	rs := render(policyFor(nodeWithIPs, corev1.IPv4Protocol), portMap(
+		port("default", "web", "http", "10.96.0.10", 80, withNodePort(30080), withLB("198.18.100.1"), withRanges("203.0.113.0/24"),
+			etpLocal, endpoint("10.244.1.2", 8080, false), endpoint("10.244.2.3", 8080, true)),
+		port("default", "empty", "http", "10.96.0.40", 80, withNodePort(30040)),
+		port("default", "cache", "dns", "10.96.0.11", 53, udp, itpLocal, endpoint("10.244.1.2", 53, false)),
+	))
+	// What a full sync writes, read back the way iptables-save prints it.
+	var save strings.Builder
+	for _, line := range strings.Split(string(fullRestore(rs, nil)), "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			save.WriteString(line + "\n")
+			if line == "*nat" {
+				save.WriteString(":PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+			} else {
+				save.WriteString(":INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+			}
+		case strings.HasPrefix(line, "-I "):
+			f := strings.SplitN(line, " ", 4)
+			save.WriteString("-A " + f[1] + " " + f[3] + "\n")
+		default:
+			save.WriteString(line + "\n")
+		}
+	}
+	cur, err := parseSave([]byte(save.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, want := countSaved(cur), rs.counts()
+	if got != want || want.Services != 3 || want.Endpoints != 2 {
+		t.Errorf("counted from the kernel's view %+v, from memory %+v; want 3 services, 2 endpoints", got, want)
+	}
+}

@@ -1,0 +1,455 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// Backend is the IPVS dataplane. It is safe for concurrent use: syncs
+// and cleanups are serialized, Programmed and KernelSettings only read.
+type Backend struct {
+	cfg       dataplane.NodeConfig
+	scheduler v1alpha1.IPVSScheduler
+	strictARP bool
+	netns     int
+	loader    ModuleLoader
+	// openIPVS opens IPVS in the namespace; tests wrap it.
+	openIPVS func() (ipvsHandle, error)
+
+	mu sync.Mutex
+	// state is what the last successful sync of each family programmed;
+	// without it the next sync of the family is a full one.
+	state map[*family]*familyState
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithNetNSFd makes the backend program the network namespace the file
+// descriptor fd refers to instead of the caller's: its netlink sockets
+// are opened there, and only the short-lived threads that read and write
+// sysctls enter it. The caller keeps fd open while the backend is used.
+func WithNetNSFd(fd int) Option {
+	return func(b *Backend) { b.netns = fd }
+}
+
+// WithScheduler sets the IPVS scheduler of every virtual service (one of
+// kmod.Schedulers; kmod.DefaultScheduler when not set).
+func WithScheduler(s v1alpha1.IPVSScheduler) Option {
+	return func(b *Backend) {
+		if s != "" {
+			b.scheduler = s
+		}
+	}
+}
+
+// WithStrictARP makes syncs set arp_ignore=1 and arp_announce=2, so that
+// the node does not answer ARP for the service IPs bound to its dummy
+// interface (needed with load balancers that announce them, such as
+// MetalLB in layer 2 mode).
+func WithStrictARP(on bool) Option {
+	return func(b *Backend) { b.strictARP = on }
+}
+
+// WithModuleLoader makes New load the kernel modules the backend needs
+// (Modules) through l before it opens IPVS, and fail if one does not
+// load. Without it the modules must be loaded already.
+func WithModuleLoader(l ModuleLoader) Option {
+	return func(b *Backend) { b.loader = l }
+}
+
+// SettingsOptions returns the options a ProxyNode's IPVS settings ask
+// for: the scheduler and strictARP (nil settings ask for nothing).
+func SettingsOptions(s *v1alpha1.IPVSSettings) []Option {
+	if s == nil {
+		return nil
+	}
+	return []Option{WithScheduler(s.Scheduler), WithStrictARP(s.StrictARP)}
+}
+
+// New returns a backend for the node cfg describes. It loads the kernel
+// modules (with WithModuleLoader) and checks that IPVS answers in the
+// target namespace, and fails if anything is missing: there is no
+// fallback to another mode. It changes
+// nothing in the kernel: the virtual services, addresses and rules a
+// previous agent programmed keep serving until the first Sync, which is
+// always a full one, so an agent restart never interrupts traffic.
+func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("ipvs: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
+	}
+	b := &Backend{cfg: cfg, scheduler: kmod.DefaultScheduler, state: map[*family]*familyState{}}
+	for _, o := range opts {
+		o(b)
+	}
+	if !slices.Contains(kmod.Schedulers, b.scheduler) {
+		return nil, fmt.Errorf("ipvs: unknown scheduler %q (want one of %v)", b.scheduler, kmod.Schedulers)
+	}
+	if b.loader != nil {
+		mods, err := Modules(b.scheduler)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.loader.Load(mods...); err != nil {
+			return nil, fmt.Errorf("ipvs: load kernel modules: %w", err)
+		}
+	}
+	b.openIPVS = b.openLibIPVS
+	h, err := b.openIPVS()
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	if err := probeIPVS(h); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Mode returns v1alpha1.ModeIPVS.
+func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPVS }
+
+// ConflictError lists virtual services the model wants that exist in the
+// kernel and are not the backend's. They are left alone; everything else
+// is programmed.
+type ConflictError struct {
+	// Keys are the virtual services, as protocol/address:port.
+	Keys []string
+}
+
+// Error names the virtual services.
+func (e *ConflictError) Error() string {
+	return "ipvs: virtual services exist that are not proxyshift's, left alone and not programmed: " + strings.Join(e.Keys, ", ")
+}
+
+// Sync programs the model's families (those present in req.Model.Ports).
+//
+// IPVS has no transactions: a sync is a sequence of netlink calls, ordered
+// so that traffic is never served without its filtering (see plan). A
+// sync that fails part-way leaves what it did; an incremental one that
+// fails is retried at once as a full one, which reads back the kernel
+// and repairs any drift, as it does on every call with req.Full. A
+// virtual service someone else created where the model wants one is
+// left alone, and reported as a *ConflictError after everything else is
+// done.
+func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	if req.Model == nil {
+		return dataplane.Counts{}, errors.New("ipvs: sync without a model")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	kn, err := b.open()
+	if err != nil {
+		return dataplane.Counts{}, err
+	}
+	defer kn.close()
+	var errs []error
+	var conflicts []vsKey
+	settingsDone := false
+	for _, f := range families {
+		ports, ok := req.Model.Ports[f.model]
+		if !ok {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if st := b.state[f]; st != nil && !req.Full {
+			c, err := b.incremental(kn, f, st, ports, req.Changed)
+			if err == nil {
+				conflicts = append(conflicts, c...)
+				continue
+			}
+		}
+		if !settingsDone {
+			// Before any virtual service takes traffic: masquerading
+			// needs IPVS connections in conntrack.
+			if err := b.setSysctls(); err != nil {
+				errs = append(errs, err)
+			}
+			settingsDone = true
+		}
+		c, err := b.full(kn, f, ports)
+		conflicts = append(conflicts, c...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(conflicts) > 0 {
+		ce := &ConflictError{}
+		for _, k := range conflicts {
+			ce.Keys = append(ce.Keys, k.String())
+		}
+		errs = append(errs, ce)
+	}
+	var c dataplane.Counts
+	for _, st := range b.state {
+		c = plus(c, st.counts(), 1)
+	}
+	return c, errors.Join(errs...)
+}
+
+// renderConfig returns what rendering family f depends on, reading the
+// node's addresses when NodePorts answer on all of them.
+func (b *Backend) renderConfig(kn *kernel, f *family) (*renderConfig, error) {
+	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.model), scheduler: string(b.scheduler)}
+	rc.nodePortIPs = rc.policy.NodePortIPs
+	if rc.policy.NodePortsAnyLocal {
+		var err error
+		if rc.nodePortIPs, err = kn.localAddrs(f, rc.policy.Loopback); err != nil {
+			return nil, err
+		}
+	}
+	return rc, nil
+}
+
+// full reads back what the kernel holds for the family and brings it to
+// the model.
+func (b *Backend) full(kn *kernel, f *family, ports map[model.ServicePortName]*model.ServicePort) ([]vsKey, error) {
+	rc, err := b.renderConfig(kn, f)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := kn.readTable(f, false)
+	if err != nil {
+		return nil, err
+	}
+	kv := &kernelView{}
+	if kv.addrs, err = kn.dummyAddrs(f); err != nil {
+		return nil, err
+	}
+	known := map[vsKey]bool{}
+	if old := b.state[f]; old != nil {
+		for k := range old.owners {
+			known[k] = true
+		}
+	}
+	if kv.services, kv.foreign, err = kn.readServices(f, tc.records, kv.addrs, known); err != nil {
+		return nil, err
+	}
+	st, conflicts := newState(rc, ports, kv.foreign)
+	// Until the plan is applied whole, the next sync must be full.
+	delete(b.state, f)
+	if err := kn.apply(f, st, fullPlan(st, kv)); err != nil {
+		return conflicts, err
+	}
+	b.state[f] = st
+	return conflicts, nil
+}
+
+// incremental rewrites what the changed service ports had.
+func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) ([]vsKey, error) {
+	changes, conflicts := changesFor(st, ports, changed)
+	p := incrementalPlan(st, changes)
+	if p.empty() {
+		return conflicts, nil
+	}
+	if err := kn.apply(f, st, p); err != nil {
+		delete(b.state, f)
+		return nil, err
+	}
+	st.commit(changes)
+	return conflicts, nil
+}
+
+// apply carries out a plan in its order (see plan). It stops at the first
+// step that fails, so that nothing is served without the helper table or
+// bound before its virtual services exist.
+func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
+	if p.replace {
+		if err := kn.writeTable(p.elems, func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		}
+	} else if len(p.preDel)+len(p.add) > 0 {
+		if err := kn.writeTable(append(p.preDel, p.add...), func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		}
+	}
+	if err := kn.applyIPVS(f, p.create, p.update); err != nil {
+		return err
+	}
+	if err := kn.bindAddrs(p.ensureLink, p.bind, p.unbind); err != nil {
+		return err
+	}
+	if err := kn.removeServices(f, p.remove); err != nil {
+		return err
+	}
+	if len(p.postDel) > 0 {
+		if err := kn.writeTable(p.postDel, func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
+			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.name, err)
+		}
+	}
+	return nil
+}
+
+// Programmed reads back what the kernel holds for the backend, in both
+// families: Services counts the service ports the helper table records
+// a live virtual service for, Endpoints the distinct real servers of
+// each, Rules the virtual services, real servers, helper-table elements
+// and rules.
+func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	var total dataplane.Counts
+	kn, err := b.open()
+	if err != nil {
+		return total, err
+	}
+	defer kn.close()
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		tc, err := kn.readTable(f, true)
+		if err != nil {
+			return total, err
+		}
+		addrs, err := kn.dummyAddrs(f)
+		if err != nil {
+			return total, err
+		}
+		ours, _, err := kn.readServices(f, tc.records, addrs, nil)
+		if err != nil {
+			return total, err
+		}
+		total.Rules += tc.elements + tc.rules
+		endpoints := map[string]map[netip.AddrPort]bool{}
+		for k, vs := range ours {
+			total.Rules += 1 + len(vs.dests)
+			port, recorded := tc.records[k]
+			if !recorded {
+				continue
+			}
+			if endpoints[port] == nil {
+				endpoints[port] = map[netip.AddrPort]bool{}
+			}
+			for d := range vs.dests {
+				endpoints[port][d] = true
+			}
+		}
+		total.Services += len(endpoints)
+		for _, eps := range endpoints {
+			total.Endpoints += len(eps)
+		}
+	}
+	return total, nil
+}
+
+// Present says whether the node holds any object of the backend (its
+// dummy interface or a helper table), programmed by this process or not:
+// whether this node has, or had and never cleaned up, IPVS mode.
+func (b *Backend) Present(ctx context.Context) (bool, error) {
+	kn, err := b.open()
+	if err != nil {
+		return false, err
+	}
+	defer kn.close()
+	if l, err := kn.dummy(false); err != nil || l != nil {
+		return l != nil, err
+	}
+	conn, err := kn.nft()
+	if err != nil {
+		return false, err
+	}
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if t, err := helperTable(conn, f); err != nil || t != nil {
+			return t != nil, err
+		}
+	}
+	return false, nil
+}
+
+// Cleanup removes everything the backend owns: its virtual services (as
+// Programmed and the last sync know them; never anyone else's), the
+// dummy interface with its addresses, and the helper tables. It returns
+// one line per removed object. The next Sync is a full one.
+func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	kn, err := b.open()
+	if err != nil {
+		return nil, err
+	}
+	defer kn.close()
+	var removed []string
+	var errs []error
+	for _, f := range families {
+		if err := ctx.Err(); err != nil {
+			return removed, err
+		}
+		tc, err := kn.readTable(f, false)
+		if err != nil {
+			return removed, err
+		}
+		addrs, err := kn.dummyAddrs(f)
+		if err != nil {
+			return removed, err
+		}
+		known := map[vsKey]bool{}
+		if st := b.state[f]; st != nil {
+			for k := range st.owners {
+				known[k] = true
+			}
+		}
+		ours, _, err := kn.readServices(f, tc.records, addrs, known)
+		if err != nil {
+			return removed, err
+		}
+		for _, k := range slices.SortedFunc(maps.Keys(ours), compareKeys) {
+			if err := kn.removeServices(f, []vsKey{k}); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			line := "IPVS virtual service " + k.String()
+			if port := tc.records[k]; port != "" {
+				line += " (" + port + ")"
+			}
+			removed = append(removed, line)
+		}
+	}
+	b.state = map[*family]*familyState{}
+	if l, err := kn.dummy(false); err != nil {
+		errs = append(errs, err)
+	} else if l != nil {
+		if err := kn.nl.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: delete interface %s: %w", DummyInterface, err))
+		} else {
+			removed = append(removed, "dummy interface "+DummyInterface+" with its addresses")
+		}
+	}
+	conn, err := kn.nft()
+	if err != nil {
+		return removed, errors.Join(append(errs, err)...)
+	}
+	for _, f := range families {
+		t, err := helperTable(conn, f)
+		if err != nil || t == nil {
+			errs = append(errs, err)
+			continue
+		}
+		conn.DelTable(t)
+		if err := conn.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: delete table %s %s: %w", f.name, TableName, err))
+			continue
+		}
+		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
+	}
+	return removed, errors.Join(errs...)
+}

@@ -1,0 +1,233 @@
+// Package facts finds out what the node's kernel offers the proxy modes,
+// for the agent's ProxyNode status, and makes sure a mode's needs are met
+// before the agent switches to it (the Preparing phase).
+//
+// It never guesses. A module's state comes from kmod (Loaded, BuiltIn,
+// Loadable, Missing or Unknown, each with its source); a capability is Yes
+// only when the kernel answered, No only when it answered that it cannot,
+// and Unknown otherwise.
+package facts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+)
+
+// IPTablesBackends are the two iptables backends, in the API's names.
+var IPTablesBackends = []string{"legacy", "nft"}
+
+// ReportedSchedulers are the IPVS schedulers whose modules are always
+// reported, besides the one the settings choose.
+var ReportedSchedulers = []v1alpha1.IPVSScheduler{"rr", "wrr", "sh"}
+
+// Gatherer reads the kernel facts of one node.
+type Gatherer struct {
+	// Kernel probes and loads modules; the zero value is the running
+	// kernel's /proc/modules, /lib/modules/$(uname -r) and /sys/module.
+	Kernel *kmod.Kernel
+	// NS is the node's network namespace (nsexec.Current for the agent's).
+	NS nsexec.NS
+	// IPTables reports the iptables backends; nil uses the iptables
+	// binaries (see ProbeIPTables).
+	IPTables func(ctx context.Context) []v1alpha1.IPTablesBackend
+	// IPVS says whether IPVS answers; nil probes the generic netlink
+	// family "IPVS".
+	IPVS func(ctx context.Context) (v1alpha1.Capability, string)
+}
+
+// Gather reads the facts. Modules are those every mode needs (with the
+// IPVS schedulers in ReportedSchedulers plus scheduler) and the tables of
+// both iptables backends; each is listed once, under the name the kernel
+// knows it by.
+func (g *Gatherer) Gather(ctx context.Context, scheduler v1alpha1.IPVSScheduler) v1alpha1.KernelFacts {
+	f := v1alpha1.KernelFacts{Version: Release()}
+	var names []string
+	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
+		mods, err := kmod.ModulesFor(m, scheduler)
+		if err != nil { // an unknown scheduler: report the default's modules
+			mods, _ = kmod.ModulesFor(m, kmod.DefaultScheduler)
+		}
+		names = append(names, mods...)
+	}
+	for _, s := range ReportedSchedulers {
+		names = append(names, "ip_vs_"+string(s))
+	}
+	for _, b := range IPTablesBackends {
+		mods, _ := kmod.IPTablesBackendModules(b)
+		names = append(names, mods...)
+	}
+	seen := map[string]bool{}
+	for _, m := range g.kernel().Probe(dedupe(names)...) {
+		km := m.KernelModule()
+		if seen[km.Name] {
+			continue
+		}
+		seen[km.Name] = true
+		f.Modules = append(f.Modules, km)
+	}
+	slices.SortFunc(f.Modules, func(a, b v1alpha1.KernelModule) int { return strings.Compare(a.Name, b.Name) })
+	f.NFTables, _ = g.NFTables()
+	if g.IPTables != nil {
+		f.IPTablesBackends = g.IPTables(ctx)
+	} else {
+		f.IPTablesBackends = ProbeIPTables(ctx, g.NS)
+	}
+	return f
+}
+
+func (g *Gatherer) kernel() *kmod.Kernel {
+	if g.Kernel == nil {
+		return &kmod.Kernel{}
+	}
+	return g.Kernel
+}
+
+// Release is the running kernel's release (uname -r), or "" if uname fails.
+func Release() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// NFTables says whether nf_tables answers over netlink in the node's
+// namespace: Yes when listing tables works, No when the kernel says it has
+// no such protocol or subsystem, Unknown for any other error (permission
+// denied, for one), with the reason.
+func (g *Gatherer) NFTables() (v1alpha1.Capability, string) {
+	var opts []nftables.ConnOption
+	if !g.NS.IsCurrent() {
+		opts = append(opts, nftables.WithNetNSFd(int(g.NS)))
+	}
+	c, err := nftables.New(opts...)
+	if err == nil {
+		_, err = c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	}
+	switch {
+	case err == nil:
+		return v1alpha1.CapabilityYes, "nf_tables answered over netlink"
+	case errors.Is(err, syscall.EPROTONOSUPPORT), errors.Is(err, syscall.EOPNOTSUPP), errors.Is(err, syscall.EAFNOSUPPORT):
+		return v1alpha1.CapabilityNo, "nf_tables does not answer over netlink: " + err.Error()
+	}
+	return v1alpha1.CapabilityUnknown, "listing nftables tables failed: " + err.Error()
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Error is why a mode cannot run here, with a condition reason a person
+// can act on.
+type Error struct {
+	// Reason is ModuleMissing, ModuleUnknown, ModuleLoadFailed,
+	// CapabilityMissing or UnsupportedMode.
+	Reason  string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// The reasons of a failed preparation.
+const (
+	ReasonModuleMissing     = "ModuleMissing"
+	ReasonModuleUnknown     = "ModuleUnknown"
+	ReasonModuleLoadFailed  = "ModuleLoadFailed"
+	ReasonCapabilityMissing = "CapabilityMissing"
+	ReasonUnsupportedMode   = "UnsupportedMode"
+)
+
+// Prepare makes sure the kernel can run mode: it loads the modules the
+// mode needs that are Loadable and fails closed, naming the module, when
+// one is definitely Missing or cannot be loaded. A module whose state is
+// Unknown (no /lib/modules in the container, no /proc/modules) is accepted
+// only if the mode's capability probe shows the kernel does what the mode
+// needs: nf_tables answering for nftables, an iptables backend whose tools
+// work for iptables, the IPVS netlink family for ipvs. The error is an
+// *Error.
+func (g *Gatherer) Prepare(ctx context.Context, mode v1alpha1.ProxyMode, scheduler v1alpha1.IPVSScheduler) error {
+	mods, err := kmod.ModulesFor(mode, scheduler)
+	if err != nil {
+		return &Error{Reason: ReasonUnsupportedMode, Message: err.Error()}
+	}
+	k := g.kernel()
+	var load []string
+	var unknown []kmod.Module
+	for _, m := range k.Probe(mods...) {
+		switch m.State {
+		case v1alpha1.ModuleLoaded, v1alpha1.ModuleBuiltIn:
+		case v1alpha1.ModuleLoadable:
+			load = append(load, m.Name)
+		case v1alpha1.ModuleMissing:
+			return &Error{Reason: ReasonModuleMissing, Message: fmt.Sprintf("kernel module %s is missing (%s); %s mode needs it: install it, or choose another mode", m.Resolved, m.Reason, mode)}
+		default:
+			unknown = append(unknown, m)
+		}
+	}
+	if len(load) > 0 {
+		if err := k.Load(load...); err != nil {
+			return &Error{Reason: ReasonModuleLoadFailed, Message: fmt.Sprintf("%v; %s mode needs it", err, mode)}
+		}
+	}
+	capability, why := g.Capability(ctx, mode)
+	if capability == v1alpha1.CapabilityYes {
+		return nil
+	}
+	if len(unknown) > 0 {
+		m := unknown[0]
+		return &Error{Reason: ReasonModuleUnknown, Message: fmt.Sprintf("the state of kernel module %s is unknown (%s) and the %s capability probe did not succeed (%s); mount /lib/modules and /proc into the agent, or load the module on the host", m.Resolved, m.Reason, mode, why)}
+	}
+	return &Error{Reason: ReasonCapabilityMissing, Message: fmt.Sprintf("%s mode cannot run on this kernel: %s", mode, why)}
+}
+
+// Capability probes whether the kernel does what mode needs, and why.
+func (g *Gatherer) Capability(ctx context.Context, mode v1alpha1.ProxyMode) (v1alpha1.Capability, string) {
+	switch mode {
+	case v1alpha1.ModeNFTables:
+		return g.NFTables()
+	case v1alpha1.ModeIPTables:
+		var backends []v1alpha1.IPTablesBackend
+		if g.IPTables != nil {
+			backends = g.IPTables(ctx)
+		} else {
+			backends = ProbeIPTables(ctx, g.NS)
+		}
+		var seen []string
+		result := v1alpha1.CapabilityNo
+		for _, b := range backends {
+			if b.Available == v1alpha1.CapabilityYes {
+				return v1alpha1.CapabilityYes, "iptables backend " + b.Name + " works"
+			}
+			if b.Available == v1alpha1.CapabilityUnknown {
+				result = v1alpha1.CapabilityUnknown
+			}
+			seen = append(seen, b.Name+": "+string(b.Available))
+		}
+		return result, "no iptables backend works (" + strings.Join(seen, ", ") + ")"
+	case v1alpha1.ModeIPVS:
+		if g.IPVS != nil {
+			return g.IPVS(ctx)
+		}
+		return IPVSFamily()
+	}
+	return v1alpha1.CapabilityUnknown, fmt.Sprintf("unknown mode %q", mode)
+}

@@ -1,0 +1,124 @@
+// Package nsexec runs code and commands inside a network namespace given
+// by a file descriptor, without moving the calling goroutine's thread: the
+// agent targets its node's namespace this way in tests (--netns) and, with
+// no namespace given, simply runs in its own.
+package nsexec
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netns"
+)
+
+// NS is a network namespace: a file descriptor the caller keeps open, or
+// Current (-1) for the namespace the process runs in.
+type NS int
+
+// Current is the process's own namespace.
+const Current NS = -1
+
+// IsCurrent says whether ns is the process's own namespace.
+func (ns NS) IsCurrent() bool { return ns < 0 }
+
+// Handle returns the namespace as a netns handle; for Current, the
+// thread's namespace is opened (the caller closes it).
+func (ns NS) Handle() (netns.NsHandle, bool) {
+	if ns.IsCurrent() {
+		return netns.None(), false
+	}
+	return netns.NsHandle(int(ns)), true
+}
+
+// Do runs fn on a locked OS thread inside ns. Sockets fn opens stay in
+// ns after it returns; processes it starts run in ns.
+func (ns NS) Do(fn func() error) error {
+	if ns.IsCurrent() {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(netns.NsHandle(int(ns))); err != nil {
+			errc <- fmt.Errorf("enter network namespace: %w", err)
+			return
+		}
+		fnErr := fn()
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: the runtime discards it.
+			errc <- fmt.Errorf("leave network namespace: %w", err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- fnErr
+	}()
+	return <-errc
+}
+
+// Output runs a command inside ns, feeding it stdin, and returns its
+// standard output. The error carries the command line and its standard
+// error; errors.Is(err, exec.ErrNotFound) tells a missing binary.
+func (ns NS) Output(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	var out []byte
+	path, err := LookPath(name)
+	if err != nil {
+		return nil, &Error{Cmd: name, Err: err}
+	}
+	err = ns.Do(func() error {
+		cmd := exec.CommandContext(ctx, path, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		if err := cmd.Run(); err != nil {
+			return &Error{Cmd: strings.Join(append([]string{name}, args...), " "), Err: err, Stderr: strings.TrimSpace(stderr.String())}
+		}
+		out = stdout.Bytes()
+		return nil
+	})
+	return out, err
+}
+
+// LookPath finds a command in $PATH, or else in /usr/sbin or /sbin,
+// which container images do not always have in $PATH.
+func LookPath(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err == nil || strings.Contains(name, "/") {
+		return p, err
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+		if p, err2 := exec.LookPath(filepath.Join(dir, name)); err2 == nil {
+			return p, nil
+		}
+	}
+	return "", err
+}
+
+// Error is a failed command.
+type Error struct {
+	Cmd    string
+	Err    error
+	Stderr string
+}
+
+func (e *Error) Error() string {
+	if e.Stderr != "" {
+		return fmt.Sprintf("%s: %v: %s", e.Cmd, e.Err, e.Stderr)
+	}
+	return fmt.Sprintf("%s: %v", e.Cmd, e.Err)
+}
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }

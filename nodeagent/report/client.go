@@ -1,0 +1,91 @@
+// Package report is the one writer of the agent's ProxyNode status. The
+// agent's parts tell the Reporter what they know (the switch's phase and
+// outcome, the last sync, the kernel facts); the Reporter turns that into
+// status fields and conditions and patches the status subresource, only
+// when something changed, and retries until the API server takes it. The
+// API server being away never holds the agent up.
+package report
+
+import (
+	"context"
+	"encoding/json"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// Client reads and watches ProxyNodes and patches their status: exactly
+// the agent's RBAC (get, list, watch proxynodes; patch proxynodes/status).
+type Client struct {
+	rc *rest.RESTClient
+}
+
+// NewClient returns a Client for the API server cfg reaches.
+func NewClient(cfg *rest.Config) (*Client, error) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	metav1.AddToGroupVersion(scheme, v1alpha1.GroupVersion)
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &v1alpha1.GroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = "proxyshift-agent"
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{rc: rc}, nil
+}
+
+// Get reads one ProxyNode.
+func (c *Client) Get(ctx context.Context, name string) (*v1alpha1.ProxyNode, error) {
+	pn := &v1alpha1.ProxyNode{}
+	err := c.rc.Get().Resource("proxynodes").Name(name).Do(ctx).Into(pn)
+	return pn, err
+}
+
+// PatchStatus merge-patches the status subresource.
+func (c *Client) PatchStatus(ctx context.Context, name string, status *v1alpha1.ProxyNodeStatus) error {
+	body, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	return c.rc.Patch(types.MergePatchType).Resource("proxynodes").Name(name).SubResource("status").Body(body).Do(ctx).Error()
+}
+
+// ListWatch lists and watches the one ProxyNode named name, for an
+// informer.
+func (c *Client) ListWatch(name string) cache.ListerWatcher {
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			l := &v1alpha1.ProxyNodeList{}
+			err := c.rc.Get().Resource("proxynodes").VersionedParams(&o, metav1.ParameterCodec).Do(ctx).Into(l)
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			o.Watch = true
+			return c.rc.Get().Resource("proxynodes").VersionedParams(&o, metav1.ParameterCodec).Watch(ctx)
+		},
+	}
+}
+
+// condition finds a condition by type.
+func condition(cs []metav1.Condition, typ string) *metav1.Condition {
+	return meta.FindStatusCondition(cs, typ)
+}

@@ -1,0 +1,333 @@
+package report
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+)
+
+// Condition types and reasons the agent writes. Each reason says what a
+// person can do about it; the message has the specifics.
+const (
+	ConditionReady    = "Ready"
+	ConditionDegraded = "Degraded"
+
+	// ReasonActive: the desired mode serves and its last sync succeeded.
+	ReasonActive = "Active"
+	// ReasonSwitching: a switch is in progress; wait.
+	ReasonSwitching = "Switching"
+	// ReasonSyncFailed: the last sync failed; the kernel keeps the last
+	// good rules. The message has the kernel's error.
+	ReasonSyncFailed = "SyncFailed"
+	// ReasonNoMode: no mode is desired and none is programmed.
+	ReasonNoMode = "NoModeDesired"
+	// ReasonAsExpected: nothing is wrong.
+	ReasonAsExpected = "AsExpected"
+	// Failure reasons of a switch (besides those of package facts:
+	// ModuleMissing, ModuleUnknown, ModuleLoadFailed, CapabilityMissing,
+	// UnsupportedMode).
+	ReasonProgrammingFailed  = "ProgrammingFailed"
+	ReasonVerificationFailed = "VerificationFailed"
+	ReasonCleanupFailed      = "CleanupFailed"
+	ReasonKubeProxyLeftovers = "KubeProxyCleanupFailed"
+)
+
+// Switch is the switcher's side of the status.
+type Switch struct {
+	// Phase is the phase that is starting (or reached).
+	Phase v1alpha1.NodePhase
+	// Active is the mode known to serve: the previous mode until a
+	// switch completes.
+	Active v1alpha1.ProxyMode
+	// Target is the mode being switched to.
+	Target v1alpha1.ProxyMode
+	// Config and Generation are the spec acted on: its configRef and the
+	// ProxyNode's metadata.generation. Config is written to
+	// status.observedConfig when a switch ends (Active or Failed), so the
+	// operator never reads an unfinished switch as done.
+	Config     *v1alpha1.ConfigReference
+	Generation int64
+	// Reason and Message say why the switch failed (Phase Failed).
+	Reason, Message string
+	// Warning, if set, makes Degraded true with this reason and message
+	// although the switch succeeded (kube-proxy's leftovers could not be
+	// removed).
+	WarningReason, WarningMessage string
+}
+
+// Sync is the outcome of one sync of the serving backend.
+type Sync struct {
+	Time     time.Time
+	Duration time.Duration
+	Counts   dataplane.Counts
+	Err      error
+}
+
+// Reporter writes one ProxyNode's status. Its methods only record and
+// signal; Run does the writing.
+type Reporter struct {
+	c    *Client
+	node string
+	// SyncEvery bounds how often status is written when only the last
+	// sync's time and duration changed.
+	SyncEvery time.Duration
+
+	mu      sync.Mutex
+	sw      Switch
+	sync    *Sync
+	kernel  *v1alpha1.KernelFacts
+	written *v1alpha1.ProxyNodeStatus
+	base    *v1alpha1.ProxyNodeStatus // status as read at start
+	lastAt  time.Time
+	kick    chan struct{}
+}
+
+// New returns a Reporter for node. c may be nil: then nothing is written
+// (a standalone agent).
+func New(c *Client, node string) *Reporter {
+	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1)}
+}
+
+// Start seeds the Reporter with the status the ProxyNode has, so
+// conditions keep their transition times across agent restarts, and
+// returns it (nil when the ProxyNode does not exist or cannot be read).
+func (r *Reporter) Start(ctx context.Context) *v1alpha1.ProxyNode {
+	if r.c == nil {
+		return nil
+	}
+	pn, err := r.c.Get(ctx, r.node)
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			klog.ErrorS(err, "Could not read this node's ProxyNode; status starts afresh", "proxynode", r.node)
+		}
+		return nil
+	}
+	r.mu.Lock()
+	r.base = pn.Status.DeepCopy()
+	if pn.Status.Kernel != nil && r.kernel == nil {
+		r.kernel = pn.Status.Kernel.DeepCopy()
+	}
+	r.mu.Unlock()
+	return pn
+}
+
+// SetSwitch records the switch's state.
+func (r *Reporter) SetSwitch(s Switch) {
+	r.mu.Lock()
+	r.sw = s
+	r.mu.Unlock()
+	r.signal()
+}
+
+// SetSync records the outcome of a sync.
+func (r *Reporter) SetSync(s Sync) {
+	r.mu.Lock()
+	if s.Err != nil && r.sync != nil {
+		// Keep the last good sync's figures; only the error is new.
+		prev := *r.sync
+		prev.Err = s.Err
+		s = prev
+	}
+	r.sync = &s
+	r.mu.Unlock()
+	r.signal()
+}
+
+// SetKernel records the kernel facts; ReportedTime changes only when the
+// facts do.
+func (r *Reporter) SetKernel(k v1alpha1.KernelFacts) {
+	r.mu.Lock()
+	if r.kernel != nil {
+		old := r.kernel.DeepCopy()
+		old.ReportedTime = nil
+		if apiequality.Semantic.DeepEqual(*old, k) {
+			r.mu.Unlock()
+			return
+		}
+	}
+	now := metav1.Now()
+	k.ReportedTime = &now
+	r.kernel = &k
+	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *Reporter) signal() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Status is what the status would be now.
+func (r *Reporter) Status() v1alpha1.ProxyNodeStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.build()
+}
+
+func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
+	var st v1alpha1.ProxyNodeStatus
+	if r.written != nil {
+		st = *r.written.DeepCopy()
+	} else if r.base != nil {
+		st = *r.base.DeepCopy()
+	}
+	sw := r.sw
+	if sw.Phase != "" {
+		st.Phase = sw.Phase
+		st.ActiveMode = sw.Active
+		if sw.Phase == v1alpha1.NodeActive || sw.Phase == v1alpha1.NodeFailed {
+			st.ObservedConfig = sw.Config.DeepCopy()
+		}
+	}
+	if r.kernel != nil {
+		st.Kernel = r.kernel.DeepCopy()
+	}
+	if s := r.sync; s != nil && !s.Time.IsZero() {
+		t := metav1.NewTime(s.Time)
+		st.LastSyncTime = &t
+		st.LastSyncDuration = &metav1.Duration{Duration: s.Duration}
+		st.Counts = &v1alpha1.RuleCounts{Services: int32(s.Counts.Services), Endpoints: int32(s.Counts.Endpoints), Rules: int32(s.Counts.Rules)}
+	}
+	if sw.Phase != "" {
+		ready, degraded := conditions(sw, r.sync)
+		ready.ObservedGeneration, degraded.ObservedGeneration = sw.Generation, sw.Generation
+		meta.SetStatusCondition(&st.Conditions, ready)
+		meta.SetStatusCondition(&st.Conditions, degraded)
+	}
+	return st
+}
+
+// conditions derives Ready and Degraded.
+func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
+	ready = metav1.Condition{Type: ConditionReady}
+	degraded = metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected, Message: "nothing to report"}
+	syncErr := s != nil && s.Err != nil
+	switch sw.Phase {
+	case v1alpha1.NodeActive:
+		if syncErr {
+			ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSyncFailed
+			ready.Message = fmt.Sprintf("%s serves, but its last sync failed (the kernel keeps the last good rules): %v", sw.Active, s.Err)
+		} else {
+			ready.Status, ready.Reason = metav1.ConditionTrue, ReasonActive
+			ready.Message = fmt.Sprintf("%s serves and its rules are synced", sw.Active)
+		}
+	case v1alpha1.NodeFailed:
+		ready.Status, ready.Reason = metav1.ConditionFalse, sw.Reason
+		ready.Message = sw.Message
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.Reason, sw.Message
+	case v1alpha1.NodeIdle:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoMode
+		ready.Message = "no mode is desired (spec.desiredMode is empty) and none is programmed"
+	default:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSwitching
+		from := string(sw.Active)
+		if from == "" {
+			from = "no mode"
+		}
+		ready.Message = fmt.Sprintf("switching from %s to %s: %s", from, sw.Target, sw.Phase)
+	}
+	if ready.Reason == "" {
+		ready.Reason = "Unknown"
+	}
+	if sw.Phase != v1alpha1.NodeFailed {
+		switch {
+		case sw.WarningReason != "":
+			degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.WarningReason, sw.WarningMessage
+		case syncErr:
+			degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonSyncFailed
+			degraded.Message = fmt.Sprintf("the last sync failed (the kernel keeps the last good rules): %v", s.Err)
+		}
+	}
+	return ready, degraded
+}
+
+// Run writes the status whenever it changed, until ctx ends. A write
+// that only updates the last sync's time waits for SyncEvery. Failed
+// writes are retried with backoff.
+func (r *Reporter) Run(ctx context.Context) {
+	if r.c == nil {
+		return
+	}
+	backoff := time.Duration(0)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		case <-tick.C:
+		}
+		if backoff > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+		}
+		if err := r.write(ctx, false); err != nil {
+			backoff = min(max(2*backoff, 500*time.Millisecond), 30*time.Second)
+			if !apierrors.IsNotFound(err) {
+				klog.ErrorS(err, "Could not write ProxyNode status; retrying", "proxynode", r.node, "retryIn", backoff)
+			}
+			r.signal()
+			continue
+		}
+		backoff = 0
+	}
+}
+
+// Flush writes the status now if it changed, within ctx.
+func (r *Reporter) Flush(ctx context.Context) error {
+	if r.c == nil {
+		return nil
+	}
+	return r.write(ctx, true)
+}
+
+// write patches the status if it differs from what was last written.
+// Only the last sync's time and duration changing is written at most every
+// SyncEvery, unless force.
+func (r *Reporter) write(ctx context.Context, force bool) error {
+	r.mu.Lock()
+	st := r.build()
+	written := r.written
+	due := force || time.Since(r.lastAt) >= r.SyncEvery
+	r.mu.Unlock()
+	if written != nil {
+		if apiequality.Semantic.DeepEqual(*written, st) {
+			return nil
+		}
+		if !due && sameButSyncTime(*written, st) {
+			return nil
+		}
+	}
+	if err := r.c.PatchStatus(ctx, r.node, &st); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.written = &st
+	r.lastAt = time.Now()
+	r.mu.Unlock()
+	return nil
+}
+
+// sameButSyncTime says whether a and b differ only in the last sync's
+// time and duration.
+func sameButSyncTime(a, b v1alpha1.ProxyNodeStatus) bool {
+	a.LastSyncTime, b.LastSyncTime = nil, nil
+	a.LastSyncDuration, b.LastSyncDuration = nil, nil
+	return apiequality.Semantic.DeepEqual(a, b)
+}

@@ -1,0 +1,301 @@
+package switcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// Fanout is the dataplane.Backend the sync loop drives: it syncs every
+// backend the node holds at the moment, the serving one (the primary)
+// first. Outside a switch it holds one backend; during a switch the old
+// and the new one, so the old keeps following Service changes while the
+// new is programmed and verified. It remembers the last model, so a backend
+// added in the middle starts from exactly what the others have.
+type Fanout struct {
+	mu      sync.Mutex
+	members []*member
+	primary v1alpha1.ProxyMode
+	model   *model.Snapshot
+	ready   chan struct{}
+	// afterSync runs after every successful sync of the primary, under
+	// the lock (see SetAfterSync).
+	afterSync func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)
+	// onPrimary receives every sync of the primary, and the last one of
+	// a member that becomes primary.
+	onPrimary func(PrimarySync)
+}
+
+// PrimarySync is one sync of the primary (the serving backend).
+type PrimarySync struct {
+	Mode     v1alpha1.ProxyMode
+	Time     time.Time
+	Duration time.Duration
+	Counts   dataplane.Counts
+	Err      error
+}
+
+// SetOnPrimary sets the function that receives the primary's syncs (for
+// status); it is called with the lock held, so it must not call back.
+func (f *Fanout) SetOnPrimary(fn func(PrimarySync)) {
+	f.mu.Lock()
+	f.onPrimary = fn
+	f.mu.Unlock()
+}
+
+// syncMember syncs one member and records the outcome.
+func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) error {
+	start := time.Now()
+	c, err := m.b.Sync(ctx, req)
+	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Counts: c, Err: err}
+	if err != nil {
+		m.full = true
+	} else {
+		m.counts, m.valid, m.full = c, true, false
+	}
+	if m.mode == f.primary && f.onPrimary != nil {
+		f.onPrimary(m.last)
+	}
+	return err
+}
+
+type member struct {
+	mode v1alpha1.ProxyMode
+	b    dataplane.Backend
+	key  string
+	// counts are what the last successful sync programmed; valid is
+	// false until one succeeded.
+	counts dataplane.Counts
+	valid  bool
+	// full says the next sync must be a full one (the backend was added
+	// before any model existed, or its last sync failed).
+	full bool
+	// last is the last sync's outcome.
+	last PrimarySync
+}
+
+var _ dataplane.Backend = (*Fanout)(nil)
+
+// NewFanout returns an empty Fanout.
+func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{})} }
+
+// SetAfterSync sets a function to run after every successful sync of the
+// primary with the model that was synced (the conntrack reconciler).
+func (f *Fanout) SetAfterSync(fn func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)) {
+	f.mu.Lock()
+	f.afterSync = fn
+	f.mu.Unlock()
+}
+
+// Mode is the primary's mode ("" when there is none).
+func (f *Fanout) Mode() v1alpha1.ProxyMode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.primary
+}
+
+// Sync syncs every member, the primary first. It returns the primary's
+// counts and every member's error, each prefixed with its mode.
+func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.model = req.Model
+	select {
+	case <-f.ready:
+	default:
+		close(f.ready)
+	}
+	var errs []error
+	var counts dataplane.Counts
+	primaryOK := false
+	for _, m := range f.ordered() {
+		r := req
+		if m.full {
+			r.Full, r.Changed = true, nil
+		}
+		if err := f.syncMember(ctx, m, r); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.mode, err))
+			continue
+		}
+		if m.mode == f.primary {
+			counts, primaryOK = m.counts, true
+		}
+	}
+	if primaryOK && f.afterSync != nil {
+		f.afterSync(ctx, req.Model, req.Changed, req.Full)
+	}
+	return counts, errors.Join(errs...)
+}
+
+// ordered lists the members, the primary first.
+func (f *Fanout) ordered() []*member {
+	out := slices.Clone(f.members)
+	slices.SortStableFunc(out, func(a, b *member) int {
+		switch {
+		case a.mode == f.primary && b.mode != f.primary:
+			return -1
+		case b.mode == f.primary && a.mode != f.primary:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Programmed reads back the primary's objects.
+func (f *Fanout) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	f.mu.Lock()
+	m := f.find(f.primary)
+	f.mu.Unlock()
+	if m == nil {
+		return dataplane.Counts{}, nil
+	}
+	return m.b.Programmed(ctx)
+}
+
+// Cleanup is not how a Fanout's members go: the switcher removes them one
+// by one. It fails without touching anything.
+func (f *Fanout) Cleanup(context.Context) ([]string, error) {
+	return nil, errors.New("switcher: a Fanout is not cleaned up as a whole; remove its members")
+}
+
+func (f *Fanout) find(mode v1alpha1.ProxyMode) *member {
+	for _, m := range f.members {
+		if m.mode == mode {
+			return m
+		}
+	}
+	return nil
+}
+
+// Ready is closed once the loop synced for the first time: from then on
+// the Fanout has a model.
+func (f *Fanout) Ready() <-chan struct{} { return f.ready }
+
+// Model is the last model synced (nil before the first sync).
+func (f *Fanout) Model() *model.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.model
+}
+
+// Add makes b the member for mode, replacing (and returning) the one it
+// had, and fully syncs it from the last model before it joins: when Add
+// returns nil, b holds exactly what the other members hold. Without a
+// model yet, b joins unsynced and the loop's first sync, a full one,
+// programs it. On a sync error b does not join, the previous member stays
+// and the kernel keeps what b's failed transaction did not change.
+func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.Backend, key string) (replaced dataplane.Backend, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	nm := &member{mode: mode, b: b, key: key, full: true}
+	if f.model != nil {
+		if err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
+		}
+	}
+	for i, m := range f.members {
+		if m.mode == mode {
+			f.members[i] = nm
+			return m.b, nil
+		}
+	}
+	f.members = append(f.members, nm)
+	return nil, nil
+}
+
+// Resync fully syncs mode's member from the last model.
+func (f *Fanout) Resync(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.find(mode)
+	if m == nil {
+		return fmt.Errorf("%s is not programmed by this agent", mode)
+	}
+	if f.model == nil {
+		m.full = true
+		return nil
+	}
+	if err := f.syncMember(ctx, m, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+		return fmt.Errorf("%s: full sync: %w", mode, err)
+	}
+	return nil
+}
+
+// Remove takes mode's member out, so no later sync touches it, and
+// returns it (nil if there was none). Its objects stay in the kernel until
+// the caller cleans them up.
+func (f *Fanout) Remove(mode v1alpha1.ProxyMode) dataplane.Backend {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, m := range f.members {
+		if m.mode == mode {
+			f.members = slices.Delete(f.members, i, i+1)
+			return m.b
+		}
+	}
+	return nil
+}
+
+// Member returns mode's backend and the key of the settings it was built
+// with.
+func (f *Fanout) Member(mode v1alpha1.ProxyMode) (dataplane.Backend, string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m := f.find(mode); m != nil {
+		return m.b, m.key, true
+	}
+	return nil, "", false
+}
+
+// Modes lists the members' modes.
+func (f *Fanout) Modes() []v1alpha1.ProxyMode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []v1alpha1.ProxyMode
+	for _, m := range f.members {
+		out = append(out, m.mode)
+	}
+	return out
+}
+
+// SetPrimary makes mode the one synced first and reported.
+func (f *Fanout) SetPrimary(mode v1alpha1.ProxyMode) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	changed := f.primary != mode
+	f.primary = mode
+	if m := f.find(mode); changed && m != nil && !m.last.Time.IsZero() && f.onPrimary != nil {
+		f.onPrimary(m.last)
+	}
+}
+
+// Check compares what the kernel holds for mode with what its last
+// successful sync programmed, with no sync in between.
+func (f *Fanout) Check(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.find(mode)
+	if m == nil {
+		return fmt.Errorf("%s is not programmed by this agent", mode)
+	}
+	if !m.valid || m.full {
+		return fmt.Errorf("%s has no successful sync to compare with", mode)
+	}
+	got, err := m.b.Programmed(ctx)
+	if err != nil {
+		return fmt.Errorf("read back %s: %w", mode, err)
+	}
+	if got != m.counts {
+		return fmt.Errorf("the kernel holds %d service ports, %d endpoints and %d rules of %s, but its last sync programmed %d, %d and %d",
+			got.Services, got.Endpoints, got.Rules, mode, m.counts.Services, m.counts.Endpoints, m.counts.Rules)
+	}
+	return nil
+}

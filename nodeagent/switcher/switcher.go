@@ -1,0 +1,625 @@
+package switcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/facts"
+	"github.com/proxyshift/proxyshift/nodeagent/probe"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
+)
+
+// Desire is what the node is asked to run.
+type Desire struct {
+	// Mode is the desired mode ("" for none).
+	Mode v1alpha1.ProxyMode
+	// Key identifies the effective settings the backends are built with;
+	// a changed Key for the serving mode reconfigures it in place.
+	Key string
+	// Scheduler is the IPVS scheduler (for preparing ipvs mode).
+	Scheduler v1alpha1.IPVSScheduler
+	// Config and Generation identify the spec (echoed in status).
+	Config     *v1alpha1.ConfigReference
+	Generation int64
+	// Held says the switch to Mode already failed for this spec, as a
+	// previous agent reported (status phase Failed with this generation).
+	Held bool
+	// HeldReason and HeldMessage are the previous agent's failure, kept
+	// in status while the desire is held.
+	HeldReason, HeldMessage string
+	// Resume says a previous agent's last reported phase was in the
+	// middle of a switch.
+	Resume bool
+}
+
+// KubeProxy finds and removes kube-proxy's leftovers.
+type KubeProxy interface {
+	Present(ctx context.Context) (bool, error)
+	Cleanup(ctx context.Context) ([]string, error)
+}
+
+// Reporter receives the switch's state (a *report.Reporter).
+type Reporter interface {
+	SetSwitch(report.Switch)
+	Flush(ctx context.Context) error
+}
+
+// Preparer makes sure the kernel can run a mode (a *facts.Gatherer).
+type Preparer interface {
+	Prepare(ctx context.Context, mode v1alpha1.ProxyMode, scheduler v1alpha1.IPVSScheduler) error
+}
+
+// Config is what a Switcher works with.
+type Config struct {
+	// Fanout is the backend set the sync loop drives.
+	Fanout *Fanout
+	// Backend builds the backend of a mode with the current settings and
+	// returns the settings' key; it must not touch the kernel.
+	Backend func(mode v1alpha1.ProxyMode) (dataplane.Backend, string, error)
+	// Modes are the modes this agent has backends for.
+	Modes   []v1alpha1.ProxyMode
+	Prepare Preparer
+	Prober  *probe.Prober
+	// NodeIPs are the addresses NodePorts are probed on.
+	NodeIPs func() []netip.Addr
+	// ProbeServices and ProbeNodePorts bound the sample (default 8 and 2).
+	ProbeServices, ProbeNodePorts int
+	// KubeProxy, when set, is removed once a switch is verified: the node
+	// is being adopted from kube-proxy. Nil otherwise.
+	KubeProxy KubeProxy
+	Report    Reporter
+	// StopAt makes the switcher block forever once the work of this phase
+	// is done and reported (a test hook for killing the agent there).
+	StopAt v1alpha1.NodePhase
+	// FailVerify makes every Verifying fail (a test hook).
+	FailVerify bool
+}
+
+// Switcher carries out Next's steps.
+type Switcher struct {
+	cfg Config
+
+	mu      sync.Mutex
+	desire  Desire
+	changed chan struct{}
+
+	// failedGen is the generation whose switch failed; failedKey its
+	// mode and settings.
+	failed    bool
+	failedGen int64
+	failedKey string
+	// failure is the last failure's reason and message.
+	failure  *facts.Error
+	warning  *facts.Error
+	baseline []probe.Target
+	// baselineSet says a baseline was taken (nil baseline then means
+	// nothing answered through the old mode).
+	baselineSet bool
+	// replaced is the instance a reconfiguration replaced, for rollback.
+	replaced dataplane.Backend
+}
+
+// New returns a Switcher for the initial desire d.
+func New(cfg Config, d Desire) *Switcher {
+	if cfg.ProbeServices == 0 {
+		cfg.ProbeServices = 8
+	}
+	if cfg.ProbeNodePorts == 0 {
+		cfg.ProbeNodePorts = 2
+	}
+	return &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1)}
+}
+
+// SetDesire changes what the node is asked to run.
+func (s *Switcher) SetDesire(d Desire) {
+	s.mu.Lock()
+	same := sameDesire(s.desire, d)
+	s.desire = d
+	s.mu.Unlock()
+	if !same {
+		select {
+		case s.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// sameDesire compares desires by value (Config is a pointer).
+func sameDesire(a, b Desire) bool {
+	ac, bc := a.Config, b.Config
+	a.Config, b.Config = nil, nil
+	if a != b || (ac == nil) != (bc == nil) {
+		return false
+	}
+	return ac == nil || *ac == *bc
+}
+
+func (s *Switcher) currentDesire() Desire {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.desire
+}
+
+// Present says which modes the kernel holds objects of.
+func (s *Switcher) Present(ctx context.Context) ([]v1alpha1.ProxyMode, error) {
+	var out []v1alpha1.ProxyMode
+	for _, m := range s.cfg.Modes {
+		b, _, ok := s.cfg.Fanout.Member(m)
+		if !ok {
+			var err error
+			if b, _, err = s.cfg.Backend(m); err != nil {
+				// A backend that cannot even be built here (its tools are
+				// missing) cannot have programmed anything through them.
+				klog.V(2).InfoS("Cannot look for a mode's objects: its backend cannot be built here", "mode", m, "err", err)
+				continue
+			}
+		}
+		ok, err := present(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("find out whether %s is programmed: %w", m, err)
+		}
+		if ok {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// Presence is what a backend implements to say whether the kernel holds
+// any object of it, even one no sync of this process made.
+type Presence interface {
+	Present(ctx context.Context) (bool, error)
+}
+
+func present(ctx context.Context, b dataplane.Backend) (bool, error) {
+	if p, ok := b.(Presence); ok {
+		return p.Present(ctx)
+	}
+	c, err := b.Programmed(ctx)
+	return c != (dataplane.Counts{}), err
+}
+
+// input gathers a decision's input.
+func (s *Switcher) input(ctx context.Context, first bool) (Input, Desire, error) {
+	d := s.currentDesire()
+	present, err := s.Present(ctx)
+	if err != nil {
+		return Input{}, d, err
+	}
+	in := Input{Desired: d.Mode, Present: present, Resume: first && d.Resume}
+	s.mu.Lock()
+	in.Held = d.Held || (s.failed && s.failedGen == d.Generation && s.failedKey == string(d.Mode)+"|"+d.Key)
+	s.mu.Unlock()
+	if d.Mode != "" && slices.Contains(present, d.Mode) {
+		if _, key, ok := s.cfg.Fanout.Member(d.Mode); ok && key != d.Key {
+			in.Reconfigure = true
+		}
+	}
+	if s.cfg.KubeProxy != nil && d.Mode != "" && !in.Held {
+		if in.KubeProxy, err = s.cfg.KubeProxy.Present(ctx); err != nil {
+			return in, d, fmt.Errorf("look for kube-proxy's leftovers: %w", err)
+		}
+	}
+	return in, d, nil
+}
+
+// Init makes the first decision and sets up the Fanout's members for it,
+// before the sync loop starts: every mode present stays programmed
+// (and is fully synced by the loop's first sync), except a target whose
+// switch failed, which is rolled back. It returns the state to pass to
+// Run.
+func (s *Switcher) Init(ctx context.Context) (State, Step, error) {
+	in, d, err := s.input(ctx, true)
+	if err != nil {
+		return State{}, Step{}, err
+	}
+	if d.Held {
+		s.mu.Lock()
+		s.failed, s.failedGen, s.failedKey = true, d.Generation, string(d.Mode)+"|"+d.Key
+		s.failure = &facts.Error{Reason: d.HeldReason, Message: d.HeldMessage}
+		if s.failure.Reason == "" {
+			s.failure = &facts.Error{Reason: "SwitchFailed", Message: fmt.Sprintf("the switch to %s failed before the agent restarted; change the spec to try again", d.Mode)}
+		}
+		s.mu.Unlock()
+	}
+	st, step := Next(State{}, in, None)
+	for _, m := range in.Present {
+		if step.Action == Rollback && m == step.Mode && step.Restore != m {
+			continue
+		}
+		b, key, err := s.cfg.Backend(m)
+		if err != nil {
+			return st, step, fmt.Errorf("%s: %w", m, err)
+		}
+		if _, err := s.cfg.Fanout.Add(ctx, m, b, key); err != nil {
+			return st, step, err
+		}
+	}
+	s.cfg.Fanout.SetPrimary(Serving(in.Present))
+	if step.Action == Serve {
+		s.cfg.Fanout.SetPrimary(step.Mode)
+	}
+	klog.InfoS("Switcher starting", "present", in.Present, "desired", in.Desired, "phase", st.Phase, "next", step.Action, "held", in.Held, "resume", in.Resume)
+	return st, step, nil
+}
+
+// Run carries out the steps, starting from Init's decision, until ctx
+// ends. It waits for the Fanout's first sync (the model) before the
+// first step.
+func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-s.cfg.Fanout.Ready():
+	}
+	for {
+		s.report(ctx, st, step)
+		if s.cfg.StopAt != "" && st.Phase == s.cfg.StopAt && Switching(st.Phase) {
+			// Do the phase's work, report it, then hang for the test to
+			// kill the process.
+			res := s.execute(ctx, st, step)
+			klog.InfoS("Test hook: stopping at phase", "phase", st.Phase, "result", res)
+			s.flush(ctx)
+			<-ctx.Done()
+			return nil
+		}
+		res := s.execute(ctx, st, step)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if step.Action == Serve || step.Action == Wait {
+			if !s.wait(ctx) {
+				return nil
+			}
+			res = None
+		}
+		var in Input
+		var err error
+		for {
+			if in, _, err = s.input(ctx, false); err == nil {
+				break
+			}
+			klog.ErrorS(err, "Could not read what the kernel holds; retrying")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+		}
+		prev := st
+		st, step = Next(st, in, res)
+		if st.Phase != prev.Phase || step.Action != Serve {
+			klog.InfoS("Switch step", "from", prev.Phase, "phase", st.Phase, "action", step.Action, "mode", step.Mode, "remove", step.Remove, "restore", step.Restore, "present", in.Present, "desired", in.Desired)
+		}
+	}
+}
+
+// wait blocks until the desire changes or ctx ends.
+func (s *Switcher) wait(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.changed:
+		return true
+	}
+}
+
+func (s *Switcher) flush(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.cfg.Report.Flush(fctx); err != nil {
+		klog.ErrorS(err, "Could not write the switch phase to status; going on")
+	}
+}
+
+// report hands the state to the reporter and writes it out (within a
+// few seconds: an unreachable API server does not stop a switch).
+func (s *Switcher) report(ctx context.Context, st State, step Step) {
+	d := s.currentDesire()
+	r := report.Switch{Phase: st.Phase, Target: st.Target, Config: d.Config, Generation: d.Generation}
+	switch {
+	case Switching(st.Phase):
+		r.Active = st.Previous
+	default:
+		r.Active = st.Target
+	}
+	s.mu.Lock()
+	if st.Phase == v1alpha1.NodeFailed && s.failure != nil {
+		r.Reason, r.Message = s.failure.Reason, s.failure.Message
+		r.Generation = s.failedGen
+	}
+	if st.Phase == v1alpha1.NodeActive && s.warning != nil {
+		r.WarningReason, r.WarningMessage = s.warning.Reason, s.warning.Message
+	}
+	s.mu.Unlock()
+	if s.cfg.Report != nil {
+		s.cfg.Report.SetSwitch(r)
+		s.flush(ctx)
+	}
+}
+
+// execute runs one step and says how it went.
+func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
+	var err error
+	switch step.Action {
+	case Wait:
+		return None
+	case Serve:
+		err = s.serve(ctx, step.Mode)
+		if err != nil {
+			klog.ErrorS(err, "Could not set up the serving mode", "mode", step.Mode)
+		}
+		return None
+	case Prepare:
+		err = s.prepare(ctx, st, step)
+	case Program:
+		err = s.program(ctx, step)
+	case Verify:
+		err = s.verify(ctx, step)
+	case CleanUp:
+		err = s.cleanUp(ctx, st, step)
+	case Rollback:
+		err = s.rollback(ctx, step)
+		if err != nil {
+			klog.ErrorS(err, "Rollback did not complete", "target", step.Mode, "restore", step.Restore)
+			s.mu.Lock()
+			if s.failure != nil {
+				s.failure.Message += "; rolling back also failed: " + err.Error()
+			}
+			s.mu.Unlock()
+		}
+		return Succeeded
+	}
+	if ctx.Err() != nil {
+		return None
+	}
+	if err != nil {
+		fe := &facts.Error{}
+		if !errors.As(err, &fe) {
+			fe = &facts.Error{Reason: reasonFor(step.Action), Message: err.Error()}
+		}
+		d := s.currentDesire()
+		if st.Previous != "" {
+			fe.Message += fmt.Sprintf("; %s keeps serving", st.Previous)
+		}
+		klog.ErrorS(err, "Switch failed", "phase", st.Phase, "target", step.Mode, "previous", st.Previous)
+		s.mu.Lock()
+		s.failed, s.failedGen, s.failedKey = true, d.Generation, string(d.Mode)+"|"+d.Key
+		s.failure = fe
+		s.mu.Unlock()
+		return Failed
+	}
+	return Succeeded
+}
+
+func reasonFor(a Action) string {
+	switch a {
+	case Program:
+		return report.ReasonProgrammingFailed
+	case Verify:
+		return report.ReasonVerificationFailed
+	case CleanUp:
+		return report.ReasonCleanupFailed
+	}
+	return "SwitchFailed"
+}
+
+// serve makes mode the primary member, adding it if needed, and
+// forgets what a finished switch kept for rollback.
+func (s *Switcher) serve(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	s.mu.Lock()
+	s.replaced = nil
+	s.mu.Unlock()
+	if _, _, ok := s.cfg.Fanout.Member(mode); !ok {
+		b, key, err := s.cfg.Backend(mode)
+		if err != nil {
+			return err
+		}
+		if _, err := s.cfg.Fanout.Add(ctx, mode, b, key); err != nil {
+			return err
+		}
+	}
+	s.cfg.Fanout.SetPrimary(mode)
+	return nil
+}
+
+// prepare takes the probe baseline through the mode that serves, then
+// loads the target's modules (failing closed).
+func (s *Switcher) prepare(ctx context.Context, st State, step Step) error {
+	s.mu.Lock()
+	s.failure, s.warning, s.baseline, s.baselineSet = nil, nil, nil, false
+	s.mu.Unlock()
+	if st.Previous != "" && st.Previous != step.Mode {
+		targets := s.targets()
+		answered := probe.Answered(s.cfg.Prober.Probe(ctx, targets))
+		s.mu.Lock()
+		s.baseline, s.baselineSet = answered, true
+		s.mu.Unlock()
+		klog.InfoS("Probe baseline through the serving mode", "mode", st.Previous, "targets", len(targets), "answered", len(answered))
+	}
+	return s.cfg.Prepare.Prepare(ctx, step.Mode, s.currentDesire().Scheduler)
+}
+
+func (s *Switcher) targets() []probe.Target {
+	var ips []netip.Addr
+	if s.cfg.NodeIPs != nil {
+		ips = s.cfg.NodeIPs()
+	}
+	return probe.Targets(s.cfg.Fanout.Model(), ips, s.cfg.ProbeServices, s.cfg.ProbeNodePorts)
+}
+
+// program builds the target with the current settings and fully syncs
+// it into the kernel while the old mode keeps serving.
+func (s *Switcher) program(ctx context.Context, step Step) error {
+	b, key, err := s.cfg.Backend(step.Mode)
+	if err != nil {
+		return err
+	}
+	old, err := s.cfg.Fanout.Add(ctx, step.Mode, b, key)
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		s.mu.Lock()
+		if s.replaced == nil {
+			s.replaced = old
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// verify checks the target's objects against its last sync and probes
+// the services that answered through the old mode (all sampled ones
+// when there was none).
+func (s *Switcher) verify(ctx context.Context, step Step) error {
+	if err := s.cfg.Fanout.Check(ctx, step.Mode); err != nil {
+		return err
+	}
+	if err := s.probeRequired(ctx, step.Mode); err != nil {
+		return err
+	}
+	if s.cfg.FailVerify {
+		return errors.New("verification failed on purpose: the agent runs with --test-fail-verify")
+	}
+	return nil
+}
+
+// probeRequired probes the sampled targets. With a baseline (a mode
+// served before the switch), every target that answered through the old
+// mode must answer now: a mode that loses a service fails. Without one
+// (the node ran no mode), at least one target must answer, proving the
+// new mode translates; targets that do not are logged, since nothing
+// says they ever worked (an endpoint the node cannot reach, say).
+func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	targets := s.targets()
+	s.mu.Lock()
+	baselineSet := s.baselineSet
+	if baselineSet {
+		var req []probe.Target
+		for _, t := range targets {
+			if slices.ContainsFunc(s.baseline, func(b probe.Target) bool { return b.Addr == t.Addr }) {
+				req = append(req, t)
+			}
+		}
+		targets = req
+	}
+	s.mu.Unlock()
+	results := s.cfg.Prober.Probe(ctx, targets)
+	f := probe.Failures(results)
+	switch {
+	case f == "":
+		return nil
+	case baselineSet:
+		return fmt.Errorf("services that answered before did not answer from the node with %s programmed: %s", mode, f)
+	case len(probe.Answered(results)) == 0:
+		return fmt.Errorf("no service answered from the node with %s programmed: %s", mode, f)
+	}
+	klog.InfoS("Some services did not answer from the node (no earlier mode to compare with)", "mode", mode, "failures", f)
+	return nil
+}
+
+// cleanUp removes the other modes (each stops being synced first), probes
+// again when that moved new connections to the target, and removes
+// kube-proxy's leftovers when adopting.
+func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
+	for _, m := range step.Remove {
+		b := s.cfg.Fanout.Remove(m)
+		if b == nil {
+			var err error
+			if b, _, err = s.cfg.Backend(m); err != nil {
+				return err
+			}
+		}
+		removed, err := b.Cleanup(ctx)
+		klog.InfoS("Removed the old mode", "mode", m, "objects", removed)
+		if err != nil {
+			return fmt.Errorf("remove %s: %w", m, err)
+		}
+	}
+	s.cfg.Fanout.SetPrimary(step.Mode)
+	if step.Cutover {
+		if err := s.probeRequired(ctx, step.Mode); err != nil {
+			return fmt.Errorf("after removing %s: %w", strings.Join(modeNames(step.Remove), ", "), err)
+		}
+	}
+	if step.AdoptKubeProxy && s.cfg.KubeProxy != nil {
+		removed, err := s.cfg.KubeProxy.Cleanup(ctx)
+		klog.InfoS("Removed kube-proxy's leftovers (adoption)", "objects", removed)
+		if err != nil {
+			s.mu.Lock()
+			s.warning = &facts.Error{Reason: report.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
+			s.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+func modeNames(ms []v1alpha1.ProxyMode) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, string(m))
+	}
+	return out
+}
+
+// rollback leaves step.Restore serving, fully synced, then removes the
+// target. Restore == Mode keeps the mode, with the instance a
+// reconfiguration replaced; Restore "" keeps the target (nothing else
+// could serve).
+func (s *Switcher) rollback(ctx context.Context, step Step) error {
+	switch {
+	case step.Restore == "":
+		s.cfg.Fanout.SetPrimary(step.Mode)
+		return nil
+	case step.Restore == step.Mode:
+		s.mu.Lock()
+		old := s.replaced
+		s.replaced = nil
+		s.mu.Unlock()
+		if old != nil {
+			_, key, _ := s.cfg.Fanout.Member(step.Mode)
+			if _, err := s.cfg.Fanout.Add(ctx, step.Mode, old, "restored:"+key); err != nil {
+				return err
+			}
+		}
+		s.cfg.Fanout.SetPrimary(step.Mode)
+		return nil
+	}
+	var err error
+	if _, _, ok := s.cfg.Fanout.Member(step.Restore); ok {
+		err = s.cfg.Fanout.Resync(ctx, step.Restore)
+	} else {
+		var b dataplane.Backend
+		var key string
+		if b, key, err = s.cfg.Backend(step.Restore); err == nil {
+			_, err = s.cfg.Fanout.Add(ctx, step.Restore, b, key)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("program %s again: %w", step.Restore, err)
+	}
+	s.cfg.Fanout.SetPrimary(step.Restore)
+	b := s.cfg.Fanout.Remove(step.Mode)
+	if b == nil {
+		if b, _, err = s.cfg.Backend(step.Mode); err != nil {
+			return err
+		}
+	}
+	removed, err := b.Cleanup(ctx)
+	klog.InfoS("Rolled back: removed the failed target", "mode", step.Mode, "objects", removed, "serving", step.Restore)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", step.Mode, err)
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package switchtest
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
+)
+
+// moduleFixture writes a modules directory whose modules.builtin lists
+// every module the iptables and nftables modes need except missing, an
+// empty /proc/modules and an empty /sys/module, and returns the agent
+// flags pointing at them.
+func moduleFixture(t *testing.T, missing string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var names []string
+	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
+		mods, err := kmod.ModulesFor(m, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, mods...)
+	}
+	for _, b := range []string{"legacy", "nft"} {
+		mods, _ := kmod.IPTablesBackendModules(b)
+		names = append(names, mods...)
+	}
+	var builtin strings.Builder
+	for _, n := range names {
+		if n != missing {
+			builtin.WriteString("kernel/net/netfilter/" + n + ".ko\n")
+		}
+	}
+	modules := filepath.Join(dir, "modules")
+	sys := filepath.Join(dir, "sys")
+	for _, d := range []string{modules, sys} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := map[string]string{
+		filepath.Join(modules, "modules.builtin"): builtin.String(),
+		filepath.Join(modules, "modules.dep"):     "",
+		filepath.Join(dir, "proc-modules"):        "",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []string{"--modules-dir", modules, "--proc-modules", filepath.Join(dir, "proc-modules"), "--sys-module", sys}
+}
+
+// waitFailed waits for phase Failed for the current generation and
+// returns the Ready condition.
+func (w *world) waitFailed() (*v1alpha1.ProxyNode, *metav1.Condition) {
+	w.t.Helper()
+	gen := w.gen
+	pn := w.waitStatus("phase Failed", 60*time.Second, func(pn *v1alpha1.ProxyNode) bool {
+		return pn.Status.Phase == v1alpha1.NodeFailed && pn.Status.ObservedConfig != nil && pn.Status.ObservedConfig.Generation == gen
+	})
+	return pn, meta.FindStatusCondition(pn.Status.Conditions, report.ConditionReady)
+}
+
+// TestFailClosed: a switch that cannot or must not complete leaves the
+// old mode serving, with status Failed and a reason a person can act on,
+// and no new connection fails meanwhile.
+//   - A module the target needs is missing (a modules directory without
+//     it): Failed in Preparing, ModuleMissing naming the module; nothing
+//     of the target was programmed.
+//   - Verifying fails (--test-fail-verify), after nftables was programmed
+//     ahead of iptables: rolled back, VerificationFailed.
+//   - A restarted agent does not retry a switch that failed for the same
+//     spec; a new spec does.
+func TestFailClosed(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeIPTables)
+	a := w.startAgent(moduleFixture(t, "nft_numgen")...)
+	w.waitActive(v1alpha1.ModeIPTables)
+	w.requireTraffic()
+
+	t.Run("missing-module", func(t *testing.T) {
+		loop := w.startClientLoop()
+		w.desire(v1alpha1.ModeNFTables)
+		pn, ready := w.waitFailed()
+		loop.requireNoFailures(t, "while the switch failed")
+		if ready == nil || ready.Reason != "ModuleMissing" || !strings.Contains(ready.Message, "nft_numgen") {
+			t.Errorf("Ready condition %+v; want reason ModuleMissing naming nft_numgen", ready)
+		}
+		if pn.Status.ActiveMode != v1alpha1.ModeIPTables {
+			t.Errorf("active mode %s, want iptables still serving", pn.Status.ActiveMode)
+		}
+		if deg := meta.FindStatusCondition(pn.Status.Conditions, report.ConditionDegraded); deg == nil || deg.Status != metav1.ConditionTrue {
+			t.Errorf("Degraded condition %+v; want True", deg)
+		}
+		var mods []string
+		for _, m := range pn.Status.Kernel.Modules {
+			if m.Name == "nft_numgen" {
+				mods = append(mods, string(m.State))
+			}
+		}
+		if !slices.Equal(mods, []string{string(v1alpha1.ModuleMissing)}) {
+			t.Errorf("kernel facts report nft_numgen as %v, want Missing", mods)
+		}
+		w.requireOnly(v1alpha1.ModeIPTables)
+		w.requireTraffic()
+	})
+	a.stop()
+
+	t.Run("verification-fails", func(t *testing.T) {
+		a := w.startAgent("--test-fail-verify")
+		loop := w.startClientLoop()
+		w.desire(v1alpha1.ModeNFTables)
+		pn, ready := w.waitFailed()
+		time.Sleep(300 * time.Millisecond)
+		loop.requireNoFailures(t, "during the failed switch and its rollback")
+		if ready == nil || ready.Reason != report.ReasonVerificationFailed || !strings.Contains(ready.Message, "iptables keeps serving") {
+			t.Errorf("Ready condition %+v; want reason VerificationFailed saying iptables keeps serving", ready)
+		}
+		if pn.Status.ActiveMode != v1alpha1.ModeIPTables {
+			t.Errorf("active mode %s, want iptables", pn.Status.ActiveMode)
+		}
+		w.requireOnly(v1alpha1.ModeIPTables)
+		w.requireTraffic()
+		a.stop()
+	})
+
+	t.Run("failure-held-across-restart", func(t *testing.T) {
+		a := w.startAgent()
+		a.waitLog("Switcher starting", 20*time.Second)
+		time.Sleep(2 * time.Second)
+		pn := w.proxyNode()
+		if pn.Status.Phase != v1alpha1.NodeFailed || pn.Status.ActiveMode != v1alpha1.ModeIPTables {
+			t.Errorf("a restarted agent retried the failed switch: %s", statusText(pn))
+		}
+		w.requireOnly(v1alpha1.ModeIPTables)
+		w.desire(v1alpha1.ModeNFTables) // a new spec tries again
+		w.waitActive(v1alpha1.ModeNFTables)
+		w.requireOnly(v1alpha1.ModeNFTables)
+		w.requireTraffic()
+	})
+}
