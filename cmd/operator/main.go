@@ -1,6 +1,8 @@
 // Command proxyshift-operator reconciles ProxyConfigs: it selects nodes,
 // checks they can run the desired mode, and moves them over in safe batches
 // by writing their ProxyNode specs.
+//
+// It reconciles only when it holds the leader election Lease.
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	proxyv1alpha1 "github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/controllers"
 )
 
 func main() {
@@ -54,9 +57,14 @@ func main() {
 		LeaderElectionID:              leaderElectID,
 		LeaderElectionNamespace:       leaderElectNS,
 		LeaderElectionReleaseOnCancel: true,
+		Cache:                         controllers.CacheOptions(),
 	})
 	if err != nil {
 		log.Error(err, "unable to create the controller manager")
+		os.Exit(1)
+	}
+	if _, err := controllers.SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up the ProxyConfig controller")
 		os.Exit(1)
 	}
 	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
