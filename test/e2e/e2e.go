@@ -402,9 +402,11 @@ func WaitDone(ctx context.Context, c client.Client, name string, gen int64, time
 
 // WaitNodesActive waits (polling, bounded by timeout) until every ProxyNode
 // reports phase Active in mode: the agents have finished the switch they
-// start with. Applying a ProxyConfig while they are still in it races the
-// operator's gates against that first switch (see the report in the
-// package's tests), so the tests and the demo wait for it first.
+// start with. A ProxyConfig applied while they are still in it can fail
+// the rollout: a node counted as updated right after that first switch then
+// starts another one to take up the config's settings, and the operator
+// took that Preparing phase for a failure (seen once, with the reconciler
+// in-process). The tests and the demo wait for the first switch to end.
 func WaitNodesActive(ctx context.Context, c client.Client, mode v1alpha1.ProxyMode, n int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
