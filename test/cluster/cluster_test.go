@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 func sharedBinDir(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "proxyshift-cluster-test-bin-")
+		binDir, binErr = os.MkdirTemp(processTempDir, "proxyshift-cluster-test-bin-")
 		if binErr == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
@@ -125,9 +125,19 @@ func checkGone(t *testing.T, f footprint) {
 	}
 }
 
-// tempEntries lists the harness's directories in the temporary directory.
+// tempEntries points the test's temporary directory at a private one (so
+// that clusters started by other test packages running at the same time
+// cannot show up) and lists the harness's directories in it.
 func tempEntries(t *testing.T) []string {
 	t.Helper()
+	if !strings.HasPrefix(os.TempDir(), privateTempRoot) {
+		dir, err := os.MkdirTemp(processTempDir, "proxyshift-private-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		t.Setenv("TMPDIR", dir)
+	}
 	ents, err := os.ReadDir(os.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +150,13 @@ func tempEntries(t *testing.T) []string {
 	}
 	return names
 }
+
+// processTempDir is the temporary directory the test process started with;
+// privateTempRoot is the prefix of os.TempDir() once tempEntries set it.
+var (
+	processTempDir  = os.TempDir()
+	privateTempRoot = filepath.Join(processTempDir, "proxyshift-private-")
+)
 
 func nodeOf(c *Cluster, pod string) string {
 	for _, p := range c.Pods {
