@@ -129,7 +129,11 @@ func (st *familyState) services() map[vsKey]*virtualService {
 
 // elements returns every element of the state once, sorted by id.
 func (st *familyState) elements() []element {
-	var out []element
+	n := 0
+	for _, objs := range st.ports {
+		n += len(objs.elems)
+	}
+	out := make([]element, 0, n)
 	for _, objs := range st.ports {
 		out = append(out, objs.elems...)
 	}

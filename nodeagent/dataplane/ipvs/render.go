@@ -60,22 +60,22 @@ type element struct {
 	// verdict is set for the elements of verdict maps.
 	verdict *expr.Verdict
 	comment string
-	// text is the element as nft lists it, without the comment.
-	text string
 	// owner is the virtual service the element serves; the zero key for
 	// elements shared by several (service addresses, hairpin pairs).
 	owner vsKey
-	// ident is id's result, computed once by withID.
+	// ident is what id returns.
 	ident string
 }
 
-// id identifies the element among all elements of its family's table:
-// two elements with the same id are the same kernel object.
+// id identifies the element among all elements of its family's table,
+// as nft lists it ("set: key : verdict comment ..."): two elements with
+// the same id are the same kernel object.
 func (e element) id() string { return e.ident }
 
-// withID returns e with its id computed from its set, text and comment.
-func (e element) withID() element {
-	e.ident = e.set + ": " + e.text
+// identify sets e's id from its set, its text as nft lists it (key and
+// verdict) and its comment.
+func (e element) identify(text string) element {
+	e.ident = e.set + ": " + text
 	if e.comment != "" {
 		e.ident += " comment " + strconv.Quote(e.comment)
 	}
@@ -113,7 +113,10 @@ func renderPort(rc *renderConfig, sp *model.ServicePort) *portObjects {
 	f := rc.f
 	p := policy{rc.policy.PortPolicy(sp)}
 	proto := protoNumber(sp.Protocol)
-	objs := &portObjects{}
+	// Each virtual service has its record, up to three verdicts and a
+	// hairpin pair per endpoint; addresses have their service-ips element.
+	services := 1 + len(p.ExternalAddrs) + len(rc.nodePortIPs)
+	objs := &portObjects{elems: make([]element, 0, services*(4+len(sp.Endpoints))+len(p.ExternalAddrs)+1)}
 	comment := sp.Name.String()
 	key := func(addr netip.Addr, port int32) vsKey { return vsKey{addr: addr, proto: proto, port: uint16(port)} }
 	timeout := uint32(0)
@@ -315,11 +318,11 @@ func keyText(k vsKey) string {
 
 // keyElement is the element of virtual service k in set or map m.
 func keyElement(f *family, m string, k vsKey, v *expr.Verdict, comment string) element {
-	e := element{set: m, key: keyBytes(f, k), verdict: v, comment: comment, text: keyText(k), owner: k}
+	text := keyText(k)
 	if v != nil {
-		e.text += " : " + verdictText(v)
+		text += " : " + verdictText(v)
 	}
-	return e.withID()
+	return element{set: m, key: keyBytes(f, k), verdict: v, comment: comment, owner: k}.identify(text)
 }
 
 // firewallElement allows sources in r to reach load-balancer virtual
@@ -331,9 +334,8 @@ func firewallElement(f *family, k vsKey, r netip.Prefix) element {
 		set:    setFirewallAllowed,
 		key:    append(keyBytes(f, k), f.bytes(r.Addr())...),
 		keyEnd: append(keyBytes(f, k), f.bytes(lastAddr(r))...),
-		text:   keyText(k) + " . " + r.String(),
 		owner:  k,
-	}.withID()
+	}.identify(keyText(k) + " . " + r.String())
 }
 
 // lastAddr is the highest address of p.
@@ -348,12 +350,13 @@ func lastAddr(p netip.Prefix) netip.Addr {
 
 // addrElement is address a in the address set m.
 func addrElement(f *family, m string, a netip.Addr) element {
-	return element{set: m, key: f.bytes(a), text: a.String()}.withID()
+	return element{set: m, key: f.bytes(a)}.identify(a.String())
 }
 
 // hairpinElement matches packets from endpoint address a to itself.
 func hairpinElement(f *family, a netip.Addr) element {
-	return element{set: setHairpin, key: append(f.bytes(a), f.bytes(a)...), text: a.String() + " . " + a.String()}.withID()
+	text := a.String()
+	return element{set: setHairpin, key: append(f.bytes(a), f.bytes(a)...)}.identify(text + " . " + text)
 }
 
 // sortedUnique sorts elements by id and drops repeated ones.

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -87,7 +86,7 @@ type tableRule struct {
 func fixedElements() []element {
 	var out []element
 	for _, p := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP} {
-		out = append(out, element{set: setServiceProtocols, key: []byte{p}, text: protoName(p)}.withID())
+		out = append(out, element{set: setServiceProtocols, key: []byte{p}}.identify(protoName(p)))
 	}
 	return sortedUnique(out)
 }
@@ -367,40 +366,49 @@ func queueTable(conn *nftables.Conn, f *family, chains []tableChain, elems []ele
 const maxBatchBytes = 48 << 10
 
 // queueElements queues the deletion of del, then the addition of add,
-// in as few messages as fit.
+// in as few messages as fit. It sorts both by set.
 func queueElements(conn *nftables.Conn, f *family, del, add []element) error {
 	for _, op := range []struct {
 		elems []element
 		queue func(*nftables.Set, []nftables.SetElement) error
 	}{{del, conn.SetDeleteElements}, {add, conn.SetAddElements}} {
-		bySet := map[string][]element{}
-		for _, e := range op.elems {
-			bySet[e.set] = append(bySet[e.set], e)
-		}
-		for _, name := range slices.Sorted(maps.Keys(bySet)) {
-			set, err := setRef(f, name)
-			if err != nil {
+		slices.SortStableFunc(op.elems, func(a, b element) int { return cmp.Compare(a.set, b.set) })
+		for rest := op.elems; len(rest) > 0; {
+			name := rest[0].set
+			n := 1
+			for n < len(rest) && rest[n].set == name {
+				n++
+			}
+			if err := queueSet(f, name, rest[:n], op.queue); err != nil {
 				return err
 			}
-			var chunk []nftables.SetElement
-			size := 0
-			for _, e := range bySet[name] {
-				n := len(e.key) + len(e.keyEnd) + len(e.comment) + 64
-				if size+n > maxBatchBytes {
-					if err := op.queue(set, chunk); err != nil {
-						return err
-					}
-					chunk, size = nil, 0
-				}
-				chunk = append(chunk, nftables.SetElement{Key: e.key, KeyEnd: e.keyEnd, VerdictData: e.verdict, Comment: e.comment})
-				size += n
-			}
-			if len(chunk) > 0 {
-				if err := op.queue(set, chunk); err != nil {
-					return err
-				}
-			}
+			rest = rest[n:]
 		}
+	}
+	return nil
+}
+
+// queueSet queues elems, all of the set name, in messages that fit.
+func queueSet(f *family, name string, elems []element, queue func(*nftables.Set, []nftables.SetElement) error) error {
+	set, err := setRef(f, name)
+	if err != nil {
+		return err
+	}
+	chunk := make([]nftables.SetElement, 0, min(len(elems), 1024))
+	size := 0
+	for _, e := range elems {
+		n := len(e.key) + len(e.keyEnd) + len(e.comment) + 64
+		if size+n > maxBatchBytes {
+			if err := queue(set, chunk); err != nil {
+				return err
+			}
+			chunk, size = chunk[:0:0], 0
+		}
+		chunk = append(chunk, nftables.SetElement{Key: e.key, KeyEnd: e.keyEnd, VerdictData: e.verdict, Comment: e.comment})
+		size += n
+	}
+	if len(chunk) > 0 {
+		return queue(set, chunk)
 	}
 	return nil
 }
