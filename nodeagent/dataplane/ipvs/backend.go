@@ -256,13 +256,11 @@ func (b *Backend) full(kn *kernel, f *family, ports map[model.ServicePortName]*m
 // incremental rewrites what the changed service ports had.
 func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) ([]vsKey, error) {
 	changes, conflicts := changesFor(st, ports, changed)
-	p := incrementalPlan(st, changes)
-	if p.empty() {
-		return conflicts, nil
-	}
-	if err := kn.apply(f, st, p); err != nil {
-		delete(b.state, f)
-		return nil, err
+	if p := incrementalPlan(st, changes); !p.empty() {
+		if err := kn.apply(f, st, p); err != nil {
+			delete(b.state, f)
+			return nil, err
+		}
 	}
 	st.commit(changes)
 	return conflicts, nil

@@ -395,13 +395,15 @@ type tableContents struct {
 	// records are the recorded virtual services with their comments.
 	records map[vsKey]string
 	// elements counts the elements of every set and map, rules the rules
-	// of every chain.
+	// of every chain (zero unless readTable counts).
 	elements, rules int
 }
 
 // readTable reads the family's helper table; the zero contents if there
-// is none. Rules are counted only if withRules is set.
-func (kn *kernel) readTable(f *family, withRules bool) (*tableContents, error) {
+// is none. With counts it counts every element and rule too (for
+// Programmed); without, it reads the records only (for syncs, which
+// rewrite the rest anyway).
+func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 	tc := &tableContents{records: map[vsKey]string{}}
 	conn, err := kn.nft()
 	if err != nil {
@@ -416,7 +418,7 @@ func (kn *kernel) readTable(f *family, withRules bool) (*tableContents, error) {
 		return nil, fmt.Errorf("ipvs: list the sets of %s %s: %w", f.name, TableName, err)
 	}
 	for _, s := range sets {
-		if s.Anonymous {
+		if s.Anonymous || !counts && s.Name != setVirtualServices {
 			continue
 		}
 		elems, err := conn.GetSetElements(s)
@@ -435,7 +437,7 @@ func (kn *kernel) readTable(f *family, withRules bool) (*tableContents, error) {
 			}
 		}
 	}
-	if !withRules {
+	if !counts {
 		return tc, nil
 	}
 	chains, err := conn.ListChainsOfTableFamily(f.table)
