@@ -3,12 +3,12 @@ package ipvs
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Setting is one kernel setting of the node's network namespace that the
@@ -117,30 +117,9 @@ func (b *Backend) KernelSettings() ([]Setting, error) {
 // them. The thread is thrown away afterwards if it cannot return to its
 // own namespace.
 func (b *Backend) inNetNS(fn func() error) error {
-	if b.netns == 0 {
-		return fn()
+	ns := nsexec.Current
+	if b.netns > 0 {
+		ns = nsexec.NS(b.netns)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(netns.NsHandle(b.netns)); err != nil {
-			errc <- fmt.Errorf("ipvs: enter the network namespace: %w", err)
-			return
-		}
-		fnErr := fn()
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: the runtime discards it.
-			errc <- fmt.Errorf("ipvs: leave the network namespace: %w", err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- fnErr
-	}()
-	return <-errc
+	return ns.Do(fn)
 }
