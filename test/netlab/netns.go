@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // NetNS is a network namespace created for one test.
@@ -70,26 +72,7 @@ func (ns *NetNS) FD() int { return int(ns.Handle) }
 
 // Do runs fn on an OS thread switched into the namespace. Sockets fn opens
 // stay in the namespace after fn returns.
-func (ns *NetNS) Do(fn func() error) error {
-	return onLockedThread(func() error {
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		if err := netns.Set(ns.Handle); err != nil {
-			return fmt.Errorf("enter %s: %w", ns.Name, err)
-		}
-		fnErr := fn()
-		if err := netns.Set(orig); err != nil {
-			// The thread is stuck in the test namespace: keep it locked so
-			// the runtime discards it instead of reusing it.
-			return fmt.Errorf("leave %s: %w", ns.Name, err)
-		}
-		runtime.UnlockOSThread()
-		return fnErr
-	})
-}
+func (ns *NetNS) Do(fn func() error) error { return nsexec.NS(ns.FD()).Do(fn) }
 
 // onLockedThread runs fn on a locked OS thread. If fn leaves the thread
 // locked (because restoring its namespace failed), the goroutine exits with
