@@ -43,6 +43,7 @@ test: verify ## Run every test: real API server, real netfilter, then the VM's k
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
+	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
 
 .PHONY: test-vm
@@ -69,6 +70,7 @@ cluster: ## Run a local cluster (API server, operator, 3 node namespaces with ag
 .PHONY: demo
 demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables under traffic, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates network namespaces and programs netfilter inside them. Run: sudo make demo" >&2; exit 1; fi
+	hack/install-deps.sh
 	go build -o bin/demo ./hack/demo
 	exec bin/demo $(DEMO_FLAGS)
 

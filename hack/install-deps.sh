@@ -8,6 +8,10 @@ declare -A PACKAGES=(
   # The iptables dataplane and its tests use both backends' restore/save.
   [iptables-legacy-restore]=iptables
   [iptables-nft-restore]=iptables
+  # Tests, the demo and --cleanup read rulesets and ipsets with these.
+  [nft]=nftables
+  [ipset]=ipset
+  [pgrep]=procps
   # make test-vm (hack/vm): the VM, its initramfs and the modules tree.
   [qemu-system-x86_64]=qemu-system-x86
   [cpio]=cpio

@@ -45,7 +45,6 @@ func main() {
 		rate        = flag.Int("rate", 50, "Requests per second the traffic generator sends while a rollout runs (1-200).")
 		nodeTimeout = flag.Duration("node-timeout", 45*time.Second, "The ProxyConfig's spec.rollout.nodeTimeout.")
 		noBack      = flag.Bool("no-back", false, "Stop after the move to nftables instead of switching back to iptables.")
-		inProcess   = flag.Bool("operator-inprocess", os.Getenv(e2e.OperatorInProcessEnv) == "1", "Run the ProxyConfig reconciler inside the demo instead of the proxyshift-operator binary (default from $"+e2e.OperatorInProcessEnv+"=1).")
 		verbose     = flag.Bool("v", false, "Show the cluster's bring-up steps.")
 		keep        = flag.Bool("keep", false, "Keep the run directory (logs, kubeconfig) after tearing down.")
 	)
@@ -60,7 +59,7 @@ func main() {
 	// Everything, a cold build included, within this bound.
 	ctx, cancel := context.WithTimeout(sigCtx, 12*time.Minute)
 	defer cancel()
-	d := &demo{nodes: *nodes, rate: *rate, nodeTimeout: *nodeTimeout, back: !*noBack, inProcess: *inProcess, verbose: *verbose, keep: *keep, start: time.Now()}
+	d := &demo{nodes: *nodes, rate: *rate, nodeTimeout: *nodeTimeout, back: !*noBack, verbose: *verbose, keep: *keep, start: time.Now()}
 	err := d.run(ctx)
 	if err != nil {
 		if sigCtx.Err() != nil {
@@ -102,7 +101,6 @@ type demo struct {
 	nodes, rate int
 	nodeTimeout time.Duration
 	back        bool
-	inProcess   bool
 	verbose     bool
 	keep        bool
 	start       time.Time
@@ -117,7 +115,7 @@ func (d *demo) say(format string, args ...any) {
 func (d *demo) run(ctx context.Context) (err error) {
 	fmt.Printf("proxyshift demo: %d nodes, iptables → nftables%s under %d req/s of traffic\n\n", d.nodes, map[bool]string{true: " → iptables", false: ""}[d.back], d.rate)
 	d.say("bringing the local cluster up (API server, operator, %d node namespaces with agents, pods, Services) ...", d.nodes)
-	opts := cluster.Options{Nodes: d.nodes, Mode: v1alpha1.ModeIPTables, NoOperator: d.inProcess, KeepRunDir: d.keep}
+	opts := cluster.Options{Nodes: d.nodes, Mode: v1alpha1.ModeIPTables, KeepRunDir: d.keep}
 	if d.verbose {
 		opts.Logf = func(format string, args ...any) { d.say("  "+format, args...) }
 	}
@@ -143,14 +141,6 @@ func (d *demo) run(ctx context.Context) (err error) {
 	}
 	d.say("cluster up in %.1fs: nodes %s; Services web %s (ClusterIP), web-nodeport :%d (NodePort)", total.Seconds(), strings.Join(nodeNames(c), ", "), c.Service(cluster.ServiceWeb).ClusterAddr(), cluster.NodePort)
 	d.say("kubeconfig (while the demo runs): export KUBECONFIG=%s", c.Kubeconfig)
-	if d.inProcess {
-		d.say("running the ProxyConfig reconciler inside the demo (-operator-inprocess), not the operator binary")
-		stopOp, err := e2e.InProcessOperator(ctx, c)
-		if err != nil {
-			return err
-		}
-		defer stopOp()
-	}
 
 	if err := e2e.WaitNodesActive(ctx, c.Client, v1alpha1.ModeIPTables, d.nodes, 90*time.Second); err != nil {
 		return fmt.Errorf("the agents did not all come up in iptables mode: %w", err)
@@ -324,14 +314,14 @@ func (d *demo) rollout(ctx context.Context, mode v1alpha1.ProxyMode, tr *e2e.Tra
 		}
 		d.say("%s", line)
 	})
-	if err != nil && !d.inProcess && s.Config != nil && s.Config.Status.ObservedGeneration < gen {
+	if err != nil && s.Config != nil && s.Config.Status.ObservedGeneration < gen {
 		tail := ""
 		if d.c.Operator != nil {
 			if b, rerr := os.ReadFile(d.c.Operator.Log); rerr == nil {
 				tail = string(b[max(0, len(b)-800):])
 			}
 		}
-		err = fmt.Errorf("%w\n      The proxyshift-operator binary did not act on the ProxyConfig. The end of its log:\n%s\n      If cmd/operator does not register the ProxyConfig reconciler yet, run the reconciler inside the demo:\n      sudo make demo DEMO_FLAGS=-operator-inprocess", err, tail)
+		err = fmt.Errorf("%w\n      The proxyshift-operator binary did not act on the ProxyConfig. The end of its log:\n%s", err, tail)
 	}
 	return s, time.Since(start), err
 }

@@ -28,13 +28,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/controllers"
 	"github.com/proxyshift/proxyshift/test/cluster"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -323,40 +319,6 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// OperatorInProcessEnv, set to 1, makes the tests and the demo run the
-// ProxyConfig reconciler (controllers.SetupWithManager) inside their own
-// process instead of the proxyshift-operator binary; see InProcessOperator.
-const OperatorInProcessEnv = "PROXYSHIFT_E2E_OPERATOR_INPROCESS"
-
-// InProcessOperator runs the operator's reconciler in this process against
-// the cluster (started with NoOperator), with the administrator's
-// credentials, until ctx ends; the returned function stops it and waits.
-// It stands in for the operator binary when that cannot be used; the
-// reconciler is the same code, but the operator's RBAC is not exercised.
-func InProcessOperator(ctx context.Context, c *cluster.Cluster) (stop func(), err error) {
-	mgr, err := ctrl.NewManager(c.Config, ctrl.Options{
-		Scheme:                 c.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  controllers.CacheOptions(),
-		// One process may run several (one per test's cluster).
-		Controller: ctrlconfig.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := controllers.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = mgr.Start(ctx)
-	}()
-	return func() { cancel(); <-done }, nil
 }
 
 // observeTimeout bounds the wait for the operator to take up a new

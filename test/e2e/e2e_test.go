@@ -77,9 +77,7 @@ func startCluster(t *testing.T, mode v1alpha1.ProxyMode) *cluster.Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	inProcess := os.Getenv(OperatorInProcessEnv) == "1"
 	c, err := cluster.Start(ctx, cluster.Options{
-		NoOperator: inProcess,
 		Nodes:      3,
 		Mode:       mode,
 		BinDir:     binDir,
@@ -97,14 +95,6 @@ func startCluster(t *testing.T, mode v1alpha1.ProxyMode) *cluster.Cluster {
 			t.Errorf("tearing the cluster down: %v", err)
 		}
 	})
-	if inProcess {
-		t.Logf("%s=1: running the ProxyConfig reconciler in the test process, not the operator binary", OperatorInProcessEnv)
-		stop, err := InProcessOperator(context.Background(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(stop) // runs before Close
-	}
 	if err := WaitNodesActive(context.Background(), c.Client, mode, 3, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
