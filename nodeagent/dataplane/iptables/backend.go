@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -102,18 +104,10 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
-	for _, f := range families {
-		ports, ok := req.Model.Ports[f.model]
-		if !ok {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if err := b.syncFamily(ctx, f, ports, req); err != nil {
-			errs = append(errs, err)
-		}
+	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+		return b.syncFamily(ctx, f, ports, req)
+	}); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) == 0 && !b.swept {
 		if _, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false); err != nil {
@@ -309,3 +303,6 @@ func (rs *ruleset) counts() dataplane.Counts {
 func add(a, b dataplane.Counts) dataplane.Counts {
 	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
 }
+
+// familyKey is the model family a table family programs.
+func familyKey(f *family) corev1.IPFamily { return f.model }

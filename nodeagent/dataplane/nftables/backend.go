@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
@@ -93,18 +94,10 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
-	for _, f := range families {
-		ports, ok := req.Model.Ports[f.model]
-		if !ok {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if err := b.syncFamily(f, ports, req); err != nil {
-			errs = append(errs, err)
-		}
+	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+		return b.syncFamily(f, ports, req)
+	}); err != nil {
+		errs = append(errs, err)
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {
@@ -448,3 +441,6 @@ func (rs *ruleset) counts() dataplane.Counts {
 func add(a, b dataplane.Counts) dataplane.Counts {
 	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
 }
+
+// familyKey is the model family a table family programs.
+func familyKey(f *family) corev1.IPFamily { return f.model }
