@@ -229,6 +229,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	metrics := syncloop.NewMetrics(reg)
 	fanout.SetOnPrimary(func(p switcher.PrimarySync) {
 		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err})
+		metrics.RecordSync(p.Full, p.Duration, p.Counts, p.Err)
 	})
 	loops := &loopRunner{source: tracker, backend: fanout, metrics: metrics}
 	loops.start(ctx, a.current().sync)

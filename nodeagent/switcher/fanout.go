@@ -38,8 +38,10 @@ type PrimarySync struct {
 	Mode     v1alpha1.ProxyMode
 	Time     time.Time
 	Duration time.Duration
-	Counts   dataplane.Counts
-	Err      error
+	// Full says the sync rewrote everything (false: only changed ports).
+	Full   bool
+	Counts dataplane.Counts
+	Err    error
 }
 
 // SetOnPrimary sets the function that receives the primary's syncs (for
@@ -54,7 +56,7 @@ func (f *Fanout) SetOnPrimary(fn func(PrimarySync)) {
 func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) error {
 	start := time.Now()
 	c, err := m.b.Sync(ctx, req)
-	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Counts: c, Err: err}
+	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Full: req.Full, Counts: c, Err: err}
 	if err != nil {
 		m.full = true
 	} else {

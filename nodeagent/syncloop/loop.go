@@ -55,7 +55,10 @@ type Loop struct {
 	lastSuccess time.Time
 }
 
-// New returns a loop; metrics may be nil.
+// New returns a loop; metrics may be nil. The loop records the network
+// programming latency; sync durations are recorded with
+// Metrics.RecordSync by whoever knows which backend serves traffic (the
+// agent, from the Fanout's primary syncs).
 func New(cfg Config, source Source, backend dataplane.Backend, metrics *Metrics) *Loop {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 30 * time.Second
@@ -140,16 +143,6 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model
 	start := time.Now()
 	counts, err := l.backend.Sync(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: full})
 	res := Result{Full: full, Start: start, Duration: time.Since(start), Counts: counts, Err: err}
-	if l.metrics != nil {
-		if err != nil {
-			l.metrics.SyncFailures.WithLabelValues(kind).Inc()
-		} else {
-			l.metrics.SyncDuration.WithLabelValues(kind).Observe(res.Duration.Seconds())
-			l.metrics.LastSyncTimestamp.SetToCurrentTime()
-			l.metrics.ProgrammedServices.Set(float64(counts.Services))
-			l.metrics.ProgrammedEndpoints.Set(float64(counts.Endpoints))
-		}
-	}
 	if err == nil {
 		l.mu.Lock()
 		if l.metrics != nil && !l.pendingFrom.IsZero() && len(changes) > 0 {

@@ -140,11 +140,9 @@ func TestMinSyncPeriodCoalescesChanges(t *testing.T) {
 	}
 }
 
-func TestFailedSyncRetriesAsFullAndCounts(t *testing.T) {
+func TestFailedSyncRetriesAsFull(t *testing.T) {
 	src, be := newFakeSource(), &recordingBackend{}
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
-	run(t, Config{SyncPeriod: time.Hour}, src, be, m)
+	run(t, Config{SyncPeriod: time.Hour}, src, be, nil)
 	waitFor(t, "first sync", func() bool { s, _ := be.snapshot(); return len(s) == 1 })
 	be.mu.Lock()
 	be.failN = 1
@@ -155,11 +153,21 @@ func TestFailedSyncRetriesAsFullAndCounts(t *testing.T) {
 	if s[1].Full || !s[2].Full {
 		t.Fatalf("want the failed partial sync retried as a full one, got full=%v then %v", s[1].Full, s[2].Full)
 	}
+}
+
+func TestRecordSync(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	m.RecordSync(true, 2*time.Second, dataplane.Counts{Services: 3, Endpoints: 7}, nil)
+	m.RecordSync(false, 10*time.Millisecond, dataplane.Counts{Services: 3, Endpoints: 6}, nil)
+	m.RecordSync(false, time.Second, dataplane.Counts{}, errors.New("kernel said no"))
+	if got := testutil.CollectAndCount(m.SyncDuration); got != 2 {
+		t.Errorf("sync duration series = %d, want 2 (full and partial)", got)
+	}
 	if got := testutil.ToFloat64(m.SyncFailures.WithLabelValues("partial")); got != 1 {
 		t.Errorf("failure counter = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.ProgrammedEndpoints); got != 2 {
-		t.Errorf("programmed endpoints gauge = %v, want 2", got)
+	if got := testutil.ToFloat64(m.ProgrammedEndpoints); got != 6 {
+		t.Errorf("programmed endpoints gauge = %v, want 6 (the last successful sync's)", got)
 	}
 }
 

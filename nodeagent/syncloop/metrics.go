@@ -1,7 +1,11 @@
 package syncloop
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
 // Metrics are the sync loop's Prometheus metrics, named like kube-proxy's
@@ -47,4 +51,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.SyncDuration, m.NetworkProgramming, m.LastSyncTimestamp, m.SyncFailures, m.ProgrammedServices, m.ProgrammedEndpoints)
 	return m
+}
+
+// RecordSync records one sync of the rules that serve traffic: its
+// duration by kind, or a failure, and on success what is programmed. The
+// agent calls it for every sync of the serving backend, wherever it
+// happens (the loop's syncs, and the full sync that programs a mode before
+// it starts serving), so the first sync after start-up is counted too.
+func (m *Metrics) RecordSync(full bool, d time.Duration, counts dataplane.Counts, err error) {
+	kind := "partial"
+	if full {
+		kind = "full"
+	}
+	if err != nil {
+		m.SyncFailures.WithLabelValues(kind).Inc()
+		return
+	}
+	m.SyncDuration.WithLabelValues(kind).Observe(d.Seconds())
+	m.LastSyncTimestamp.SetToCurrentTime()
+	m.ProgrammedServices.Set(float64(counts.Services))
+	m.ProgrammedEndpoints.Set(float64(counts.Endpoints))
 }

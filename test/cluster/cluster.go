@@ -139,7 +139,7 @@ type Cluster struct {
 	opts      Options
 	seq       int64
 	pki       *pki
-	fwd       *forwarder
+	fwd       *netlab.Forwarder
 	ownRunDir bool
 	childEnv  []string
 

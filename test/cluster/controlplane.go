@@ -201,10 +201,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.writeKubeconfig(c.NSKubeconfig, c.APIServerURL, adminUser, admin); err != nil {
 		return err
 	}
-	c.fwd, err = startForwarder(c.opts.ForwardAddr, netip.AddrPortFrom(APIServerIP, APIServerPort).String(), c.ControlPlane.DialContext)
+	l, err := net.Listen("tcp4", c.opts.ForwardAddr)
 	if err != nil {
 		return fmt.Errorf("kubectl forwarder on %s: %w", c.opts.ForwardAddr, err)
 	}
+	c.fwd = netlab.Forward(l, netip.AddrPortFrom(APIServerIP, APIServerPort).String(), c.ControlPlane.DialContext)
 	c.ForwardAddr = c.fwd.Addr()
 	c.Kubeconfig = filepath.Join(c.RunDir, "kubeconfig")
 	if err := c.writeKubeconfig(c.Kubeconfig, "https://"+c.ForwardAddr, adminUser, admin); err != nil {

@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,8 @@ type Env struct {
 	Kubeconfig string
 	// AssetsDir holds kube-apiserver, etcd and kubectl.
 	AssetsDir string
+
+	env *envtest.Environment
 }
 
 // RepoRoot is the repository's top directory.
@@ -55,12 +58,28 @@ func Start(t testing.TB) *Env {
 	if assets == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/controlplane.sh)")
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+	env, err := Launch(assets, t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stop test control plane: %v", err)
+		}
+	})
+	return env
+}
+
+// Launch starts a control plane from the binaries in assets, writing its
+// kubeconfig into dir, for programs that run outside a test (benchmarks);
+// the caller stops it with Stop.
+func Launch(assets, dir string) (*Env, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
 	if err := proxyv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
@@ -72,31 +91,37 @@ func Start(t testing.TB) *Env {
 	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", ServiceCIDR)
 	cfg, err := env.Start()
 	if err != nil {
-		t.Fatalf("start test control plane from %s: %v", assets, err)
+		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stop test control plane: %v", err)
-		}
-	})
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
+	e := &Env{Config: cfg, Scheme: scheme, AssetsDir: assets, env: env}
+	if err := e.finish(dir); err != nil {
+		_ = env.Stop()
+		return nil, err
 	}
-	user, err := env.AddUser(envtest.User{Name: "test-admin", Groups: []string{"system:masters"}}, cfg)
+	return e, nil
+}
+
+// finish builds the client and the administrator's kubeconfig.
+func (e *Env) finish(dir string) error {
+	c, err := client.New(e.Config, client.Options{Scheme: e.Scheme})
 	if err != nil {
-		t.Fatalf("create test admin: %v", err)
+		return err
+	}
+	e.Client = c
+	user, err := e.env.AddUser(envtest.User{Name: "test-admin", Groups: []string{"system:masters"}}, e.Config)
+	if err != nil {
+		return fmt.Errorf("create test admin: %w", err)
 	}
 	kubeconfig, err := user.KubeConfig()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return &Env{Config: cfg, Client: c, Scheme: scheme, Kubeconfig: path, AssetsDir: assets}
+	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	return os.WriteFile(e.Kubeconfig, kubeconfig, 0o600)
 }
+
+// Stop stops the API server and etcd.
+func (e *Env) Stop() error { return e.env.Stop() }
 
 // Kubectl runs the control plane's kubectl against the API server and
 // returns its stdout; stderr is included in the error.

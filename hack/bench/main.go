@@ -1,0 +1,138 @@
+// Command bench measures proxyshift's agent beside kube-proxy (see
+// test/bench): it starts the test API server, creates the Services and
+// EndpointSlices size by size, runs each program in its own network
+// namespace in each mode, prints a table with both figures and their ratio
+// per row, and (with -write) puts it into docs/benchmarks.md with a PNG
+// chart of first-sync time against Service count.
+//
+// It needs root (network namespaces, netfilter). `make bench` builds
+// everything it needs and runs it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/proxyshift/proxyshift/test/bench"
+	"github.com/proxyshift/proxyshift/test/testenv"
+)
+
+func main() {
+	var (
+		kubeProxy = flag.String("kube-proxy", "", "kube-proxy binary (hack/kube-proxy.sh prints it).")
+		agent     = flag.String("agent", "bin/proxyshift-agent", "proxyshift-agent binary.")
+		assets    = flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "Directory with kube-apiserver and etcd (hack/controlplane.sh prints it).")
+		sizes     = flag.String("sizes", "1000,5000,10000", "Comma-separated Service counts, ascending.")
+		modes     = flag.String("modes", "nftables,iptables", "Comma-separated modes.")
+		changes   = flag.Int("changes", 60, "Endpoint changes per run (programming latency samples).")
+		connects  = flag.Int("connects", 200, "Connections per first-packet figure.")
+		timeout   = flag.Duration("timeout", 20*time.Minute, "Bound on the whole run.")
+		write     = flag.String("write", "", "Markdown file whose benchmark section gets the table (the chart goes next to it); empty prints only.")
+		keep      = flag.Bool("keep", false, "Keep the run directory (logs, configurations).")
+	)
+	flag.Parse()
+	logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+	if err := run(*kubeProxy, *agent, *assets, *sizes, *modes, *changes, *connects, *timeout, *write, *keep); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(kubeProxy, agent, assets, sizeList, modeList string, changes, connects int, timeout time.Duration, write string, keep bool) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root: it creates network namespaces and programs netfilter inside them (sudo make bench)")
+	}
+	if kubeProxy == "" || assets == "" {
+		return fmt.Errorf("-kube-proxy and -assets are required (make bench sets them)")
+	}
+	sizes, err := parseSizes(sizeList)
+	if err != nil {
+		return err
+	}
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(sigCtx, timeout)
+	defer cancel()
+
+	dir, err := os.MkdirTemp("", "proxyshift-bench-")
+	if err != nil {
+		return err
+	}
+	if keep {
+		fmt.Printf("run directory: %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	logf := func(format string, args ...any) {
+		fmt.Printf("%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+	started := time.Now()
+	env, err := testenv.Launch(assets, dir)
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	host, err := url.Parse(env.Config.Host)
+	if err != nil {
+		return err
+	}
+	cfg := *env.Config
+	cfg.QPS, cfg.Burst = 2000, 4000
+	kube, err := kubernetes.NewForConfig(&cfg)
+	if err != nil {
+		return err
+	}
+	lab, err := bench.NewLab()
+	if err != nil {
+		return err
+	}
+	defer lab.Close()
+	objs, err := bench.NewObjects(ctx, kube)
+	if err != nil {
+		return err
+	}
+	results, runErr := bench.Run(ctx, lab, objs, bench.Plan{
+		Sizes: sizes, Modes: strings.Split(modeList, ","),
+		Programs: []bench.Program{bench.KubeProxy(kubeProxy), bench.Proxyshift(agent)},
+		Changes:  changes, Connects: connects, SyncTimeout: 5 * time.Minute,
+		Dir: dir, Kubeconfig: env.Kubeconfig, APIServer: host.Host, Workers: 16, Logf: logf,
+	})
+	report := bench.NewReport(results, time.Since(started))
+	fmt.Println()
+	fmt.Print(report.Markdown())
+	if runErr != nil {
+		return runErr
+	}
+	if write != "" {
+		if err := report.WriteInto(write); err != nil {
+			return err
+		}
+		logf("wrote the table into %s and the chart next to it", write)
+	}
+	return nil
+}
+
+func parseSizes(list string) ([]int, error) {
+	var sizes []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= bench.ProbeServices || (len(sizes) > 0 && n <= sizes[len(sizes)-1]) {
+			return nil, fmt.Errorf("-sizes: want ascending counts above %d, got %q", bench.ProbeServices, list)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes, nil
+}

@@ -1,0 +1,218 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// The lab's addresses, all inside 198.18.0.0/15.
+var (
+	// NodeIP is the node namespace's address (the Node's InternalIP).
+	NodeIP = netip.MustParseAddr("198.18.0.1")
+	// BackendsIP is the backends namespace's address on the same link.
+	BackendsIP = netip.MustParseAddr("198.18.0.2")
+	// EndpointCIDR holds every endpoint address; the backends namespace
+	// answers on all of them. It is also the programs' cluster CIDR.
+	EndpointCIDR = netip.MustParsePrefix("198.18.128.0/17")
+	// ServiceCIDR is the API server's service range (testenv.ServiceCIDR).
+	ServiceCIDR = netip.MustParsePrefix("198.19.0.0/16")
+)
+
+// EndpointPort is the port the backends answer on (the Services' target port).
+const EndpointPort = 8080
+
+// Namespace names: one node namespace per run, one backends namespace.
+const (
+	nodeNSName     = "psbench-node"
+	backendsNSName = "psbench-backends"
+	linkNode       = "bench0"
+	linkBackends   = "bench1"
+)
+
+// Lab is the backends namespace with its echo server; a Node is created
+// per run on top of it.
+type Lab struct {
+	Backends *netlab.NetNS
+	server   net.Listener
+	wg       sync.WaitGroup
+}
+
+// NewLab removes namespaces a killed run left behind, creates the
+// backends namespace with its AnyIP route and starts the echo server.
+func NewLab() (*Lab, error) {
+	for _, name := range []string{nodeNSName, backendsNSName} {
+		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove stale namespace %s: %w", name, err)
+		}
+	}
+	ns, err := netlab.CreateNetNS(backendsNSName)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lab{Backends: ns}
+	if err := l.setup(); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lab) setup() error {
+	// Every address of EndpointCIDR is local here (a "local" route on lo):
+	// one listener serves 32k endpoints without 32k addresses.
+	err := l.Backends.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{
+			Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: netlink.SCOPE_HOST,
+			Dst: prefixNet(EndpointCIDR), LinkIndex: lo.Attrs().Index,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("AnyIP route for %s in %s: %w", EndpointCIDR, l.Backends.Name, err)
+	}
+	l.server, err = l.Backends.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", EndpointPort))
+	if err != nil {
+		return err
+	}
+	l.wg.Add(1)
+	go l.serve()
+	return nil
+}
+
+// serve answers each connection with the local address it reached, then
+// closes it.
+func (l *Lab) serve() {
+	defer l.wg.Done()
+	for {
+		c, err := l.server.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			local := c.LocalAddr().(*net.TCPAddr).IP.String()
+			_, _ = c.Write([]byte(local + "\n"))
+		}()
+	}
+}
+
+// Close stops the server and removes the backends namespace.
+func (l *Lab) Close() error {
+	if l.server != nil {
+		_ = l.server.Close()
+		l.wg.Wait()
+	}
+	return l.Backends.Delete()
+}
+
+// Node is the namespace one program runs in, wired to the backends and
+// with a relay to the API server on its loopback.
+type Node struct {
+	NS *netlab.NetNS
+	// APIServer is the relay's address inside NS ("127.0.0.1:port").
+	APIServer string
+	relay     *netlab.Forwarder
+	lab       *Lab
+}
+
+// NewNode creates a fresh node namespace: a veth to the backends, a
+// default route through them, and a relay from its loopback to apiServer
+// (an address on the root namespace's loopback).
+func (l *Lab) NewNode(apiServer string) (*Node, error) {
+	ns, err := netlab.CreateNetNS(nodeNSName)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{NS: ns, lab: l}
+	if err := n.wire(l, apiServer); err != nil {
+		_ = n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) wire(l *Lab, apiServer string) error {
+	if err := n.NS.AddVeth(linkNode, l.Backends, linkBackends); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		ns   *netlab.NetNS
+		link string
+		addr netip.Addr
+	}{{n.NS, linkNode, NodeIP}, {l.Backends, linkBackends, BackendsIP}} {
+		if err := s.ns.AddAddr(s.link, netip.PrefixFrom(s.addr, 24)); err != nil {
+			return err
+		}
+		if err := s.ns.SetUp(s.link); err != nil {
+			return err
+		}
+	}
+	// Service and endpoint addresses leave through the backends; service
+	// addresses no program has claimed yet go nowhere (the backends do
+	// not forward), so a probe fails fast or times out.
+	if err := n.NS.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), BackendsIP); err != nil {
+		return err
+	}
+	ln, err := n.NS.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("API relay in %s: %w", n.NS.Name, err)
+	}
+	n.APIServer = ln.Addr().String()
+	n.relay = netlab.Forward(ln, apiServer, (&net.Dialer{}).DialContext)
+	return nil
+}
+
+// Close stops the relay, removes the veth (at once: a namespace's links
+// go only when the kernel gets round to freeing it) and the namespace.
+func (n *Node) Close() error {
+	if n.relay != nil {
+		n.relay.Close()
+	}
+	err := n.lab.Backends.DeleteLink(linkBackends)
+	return errors.Join(err, n.NS.Delete())
+}
+
+// Ask connects from the node namespace to addr and returns the endpoint
+// address the backend reports, and how long the TCP connect took.
+func (n *Node) Ask(ctx context.Context, addr netip.AddrPort, timeout time.Duration) (netip.Addr, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	c, err := n.NS.DialContext(ctx, "tcp4", addr.String())
+	connect := time.Since(start)
+	if err != nil {
+		return netip.Addr{}, connect, err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(d)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, connect, fmt.Errorf("read from %s: %w", addr, err)
+	}
+	ep, err := netip.ParseAddr(strings.TrimSpace(line))
+	return ep, connect, err
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}

@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Result is one program's figures in one mode at one Service count.
+type Result struct {
+	Program  string
+	Mode     string
+	Services int
+	// FirstSync is from starting the program until the last Service
+	// answers, measured from outside (it includes start-up and the
+	// initial list of every Service and EndpointSlice).
+	FirstSync time.Duration
+	// FirstSyncMetric is the time the program's own metrics account to
+	// its syncs up to that point, over FirstSyncs syncs.
+	FirstSyncMetric time.Duration
+	FirstSyncs      uint64
+	// ChangeSync is the mean sync duration, from the program's metrics,
+	// over the syncs the endpoint changes caused (ChangeSyncs of them).
+	ChangeSync  time.Duration
+	ChangeSyncs uint64
+	// Latency holds one programming latency per endpoint change: from
+	// the EndpointSlice update being sent until a connection to the
+	// Service reaches the new endpoint.
+	Latency []time.Duration
+	// ConnectFirst and ConnectLast are TCP connect times to the first
+	// and the last ordinary Service, one per connection.
+	ConnectFirst, ConnectLast []time.Duration
+	// PeakRSS is the program's peak resident set size, in bytes.
+	PeakRSS int64
+}
+
+// Plan says what Run measures.
+type Plan struct {
+	// Sizes are the Service counts, ascending.
+	Sizes []int
+	// Modes are the dataplane modes, run for each size.
+	Modes []string
+	// Programs run one after the other in each mode.
+	Programs []Program
+	// Changes is the number of endpoint changes per run.
+	Changes int
+	// Connects is the number of connections per first-packet figure.
+	Connects int
+	// SyncTimeout bounds each first sync.
+	SyncTimeout time.Duration
+	// Dir receives each run's kubeconfig, configuration and log.
+	Dir string
+	// Kubeconfig is the administrator's; APIServer its host:port on the
+	// root namespace's loopback.
+	Kubeconfig, APIServer string
+	// Workers is the number of concurrent API writers creating Services.
+	Workers int
+	// Logf reports progress.
+	Logf func(format string, args ...any)
+}
+
+// Run creates the Services size by size and measures every program in
+// every mode at each size. It returns what it measured so far with any
+// error.
+func Run(ctx context.Context, lab *Lab, objs *Objects, plan Plan) ([]Result, error) {
+	var results []Result
+	for _, n := range plan.Sizes {
+		start := time.Now()
+		if err := objs.EnsureServices(ctx, n, plan.Workers); err != nil {
+			return results, err
+		}
+		plan.Logf("%d Services with their EndpointSlices in the API server (%s)", n, time.Since(start).Round(time.Millisecond))
+		for _, mode := range plan.Modes {
+			for _, prog := range plan.Programs {
+				res, err := measure(ctx, lab, objs, plan, prog, mode, n)
+				if err != nil {
+					return results, fmt.Errorf("%s, %s mode, %d Services: %w", prog.Name, mode, n, err)
+				}
+				plan.Logf("%s", res.Summary())
+				results = append(results, res)
+			}
+		}
+	}
+	return results, nil
+}
+
+// Summary is one line describing the result.
+func (r Result) Summary() string {
+	return fmt.Sprintf("%-10s %-8s %5d services: first sync %s (metrics %s in %d), change sync %s, programming p50 %s p99 %s, connect first p50 %s last p50 %s, peak RSS %d MiB",
+		r.Program, r.Mode, r.Services, round(r.FirstSync), round(r.FirstSyncMetric), r.FirstSyncs, round(r.ChangeSync),
+		round(Percentile(r.Latency, 50)), round(Percentile(r.Latency, 99)),
+		round(Percentile(r.ConnectFirst, 50)), round(Percentile(r.ConnectLast, 50)), r.PeakRSS>>20)
+}
+
+func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Program, mode string, n int) (Result, error) {
+	res := Result{Program: prog.Name, Mode: mode, Services: n}
+	dir := filepath.Join(plan.Dir, fmt.Sprintf("%s-%s-%d", prog.Name, mode, n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return res, err
+	}
+	node, err := lab.NewNode(plan.APIServer)
+	if err != nil {
+		return res, err
+	}
+	defer node.Close()
+	start := time.Now()
+	run, err := prog.Start(node, mode, dir, plan.Kubeconfig)
+	if err != nil {
+		return res, err
+	}
+	defer run.Stop()
+	fail := func(err error) (Result, error) {
+		return res, fmt.Errorf("%w (log: %s)", err, run.proc.Log)
+	}
+
+	// First sync: until the last Service answers.
+	if _, err := waitAnswer(ctx, node, run, ServiceAddr(LastOrdinary(n)), netip.Addr{}, plan.SyncTimeout); err != nil {
+		return fail(fmt.Errorf("first sync: %w", err))
+	}
+	res.FirstSync = time.Since(start)
+	synced, err := settledSyncs(ctx, run)
+	if err != nil {
+		return fail(err)
+	}
+	res.FirstSyncMetric, res.FirstSyncs = time.Duration(synced.Sum*float64(time.Second)), synced.Count
+
+	// Endpoint changes, one at a time, each awaited from outside.
+	for j := range plan.Changes {
+		i := j % ProbeServices
+		sent := time.Now()
+		ep, err := objs.MoveEndpoint(ctx, i)
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := waitAnswer(ctx, node, run, ServiceAddr(i), ep, 30*time.Second); err != nil {
+			return fail(fmt.Errorf("endpoint change %d: %w", j, err))
+		}
+		res.Latency = append(res.Latency, time.Since(sent))
+	}
+	changed, err := settledSyncs(ctx, run)
+	if err != nil {
+		return fail(err)
+	}
+	delta := changed.Sub(synced)
+	res.ChangeSync, res.ChangeSyncs = delta.Mean(), delta.Count
+
+	// First-packet latency: new connections to the first and the last
+	// ordinary Service.
+	for _, c := range []struct {
+		svc int
+		out *[]time.Duration
+	}{{FirstOrdinary(), &res.ConnectFirst}, {LastOrdinary(n), &res.ConnectLast}} {
+		for range plan.Connects {
+			_, connect, err := node.Ask(ctx, ServiceAddr(c.svc), 2*time.Second)
+			if err != nil {
+				return fail(fmt.Errorf("connect to %s: %w", ServiceName(c.svc), err))
+			}
+			*c.out = append(*c.out, connect)
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if res.PeakRSS, err = run.PeakRSS(); err != nil {
+		return fail(err)
+	}
+	return res, nil
+}
+
+// waitAnswer connects to addr again and again (about once a millisecond)
+// until a backend answers, and, when want is valid, until the answer comes
+// from want. It fails when the program exits or timeout passes.
+func waitAnswer(ctx context.Context, node *Node, run *Running, addr netip.AddrPort, want netip.Addr, timeout time.Duration) (netip.Addr, error) {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ep, _, err := node.Ask(ctx, addr, 100*time.Millisecond)
+		if err == nil && (!want.IsValid() || ep == want) {
+			return ep, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("answered by %s, not yet %s", ep, want)
+		}
+		last = err
+		if exited, exitErr := run.Exited(); exited {
+			return netip.Addr{}, fmt.Errorf("%s exited: %v", run.Program.Name, exitErr)
+		}
+		if time.Now().After(deadline) {
+			return netip.Addr{}, fmt.Errorf("%s not served within %s: %w", addr, timeout, last)
+		}
+		if ctx.Err() != nil {
+			return netip.Addr{}, errors.Join(ctx.Err(), last)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// settledSyncs reads the sync histogram until two reads 300 ms apart
+// agree, so that a sync still being recorded is counted.
+func settledSyncs(ctx context.Context, run *Running) (Histogram, error) {
+	prev, err := run.Syncs(ctx)
+	for i := 0; err == nil && i < 50; i++ {
+		time.Sleep(300 * time.Millisecond)
+		var cur Histogram
+		if cur, err = run.Syncs(ctx); err == nil && cur == prev && cur.Count > 0 {
+			return cur, nil
+		}
+		prev = cur
+	}
+	if err != nil {
+		return Histogram{}, fmt.Errorf("%s metrics: %w", run.Program.Name, err)
+	}
+	return Histogram{}, fmt.Errorf("%s's sync metrics did not settle: %+v", run.Program.Name, prev)
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= 10*time.Second:
+		return d.Round(100 * time.Millisecond)
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}

@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/proxyshift/proxyshift/test/cluster"
+)
+
+// Program is one of the two service proxies under test.
+type Program struct {
+	// Name is "kube-proxy" or "proxyshift".
+	Name string
+	// Path is the binary.
+	Path string
+	// args returns the command line for mode, given the run directory
+	// (holding "kubeconfig") where it may write its configuration.
+	args func(mode, dir string) ([]string, error)
+	// syncMetric names the histogram of every sync's duration.
+	syncMetric string
+}
+
+// The programs' metrics and health endpoints, on the node namespace's
+// loopback (the same for both, since they never run at once).
+const (
+	metricsAddr = "127.0.0.1:10249"
+	healthzAddr = "127.0.0.1:10256"
+)
+
+// minSyncPeriod bounds both programs' sync rate alike: low enough that
+// every change is synced as soon as it arrives.
+const minSyncPeriod = time.Millisecond
+
+// KubeProxy is kube-proxy at path, configured by a KubeProxyConfiguration
+// file: the mode, hostnameOverride (the bench Node), the cluster CIDR,
+// metrics and healthz on the namespace's loopback, no conntrack sysctl
+// changes (nf_conntrack_max is not per namespace), and minSyncPeriod as
+// for proxyshift (kube-proxy reads 0 as its default, 1s).
+func KubeProxy(path string) Program {
+	return Program{Name: "kube-proxy", Path: path, syncMetric: "kubeproxy_sync_proxy_rules_duration_seconds",
+		args: func(mode, dir string) ([]string, error) {
+			cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+mode: %s
+hostnameOverride: %s
+clusterCIDR: %s
+detectLocalMode: ClusterCIDR
+metricsBindAddress: %s
+healthzBindAddress: %s
+conntrack:
+  maxPerCore: 0
+  min: 0
+iptables:
+  minSyncPeriod: %s
+  syncPeriod: 1h
+nftables:
+  minSyncPeriod: %s
+  syncPeriod: 1h
+`, filepath.Join(dir, "kubeconfig"), mode, NodeName, EndpointCIDR, metricsAddr, healthzAddr, minSyncPeriod, minSyncPeriod)
+			file := filepath.Join(dir, "kube-proxy.yaml")
+			if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+				return nil, err
+			}
+			return []string{"--config", file, "--v=1"}, nil
+		}}
+}
+
+// Proxyshift is proxyshift's agent at path, standalone (no ProxyNode) in
+// the mode, with the same settings as kube-proxy.
+func Proxyshift(path string) Program {
+	return Program{Name: "proxyshift", Path: path, syncMetric: "proxyshift_sync_proxy_rules_duration_seconds",
+		args: func(mode, dir string) ([]string, error) {
+			return []string{
+				"--kubeconfig", filepath.Join(dir, "kubeconfig"), "--node-name", NodeName,
+				"--proxynode=false", "--mode", mode, "--cluster-cidr", EndpointCIDR.String(),
+				"--min-sync-period", minSyncPeriod.String(), "--sync-period", "1h",
+				"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr, "-v=1",
+			}, nil
+		}}
+}
+
+// Running is a program started in a node namespace.
+type Running struct {
+	Program Program
+	node    *Node
+	proc    *cluster.Process
+	http    *http.Client
+}
+
+// Start writes a kubeconfig reaching the API server through the node's
+// relay, and starts the program in the node namespace, logging to
+// dir/<name>-<mode>.log.
+func (p Program) Start(node *Node, mode, dir, adminKubeconfig string) (*Running, error) {
+	if err := writeRelayKubeconfig(adminKubeconfig, filepath.Join(dir, "kubeconfig"), node.APIServer); err != nil {
+		return nil, err
+	}
+	args, err := p.args(mode, dir)
+	if err != nil {
+		return nil, err
+	}
+	proc := &cluster.Process{Name: p.Name, NS: node.NS, Path: p.Path, Args: args, Log: filepath.Join(dir, p.Name+"-"+mode+".log")}
+	if err := proc.Start(); err != nil {
+		return nil, err
+	}
+	return &Running{Program: p, node: node, proc: proc,
+		http: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: node.NS.DialContext}}}, nil
+}
+
+// writeRelayKubeconfig copies the administrator's kubeconfig with its
+// server set to the relay (the API server's certificate names 127.0.0.1).
+func writeRelayKubeconfig(from, to, relay string) error {
+	cfg, err := clientcmd.LoadFromFile(from)
+	if err != nil {
+		return err
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + relay
+	}
+	return clientcmd.WriteToFile(*cfg, to)
+}
+
+// Exited reports whether the program has stopped, with its exit error.
+func (r *Running) Exited() (bool, error) {
+	done, errOf := r.proc.Exited()
+	select {
+	case <-done:
+		return true, errOf()
+	default:
+		return false, nil
+	}
+}
+
+// Stop ends the program (SIGTERM, then SIGKILL).
+func (r *Running) Stop() error { return r.proc.Stop(15 * time.Second) }
+
+// PeakRSS is the program's peak resident set size so far (VmHWM).
+func (r *Running) PeakRSS() (int64, error) {
+	pid := r.proc.Pid()
+	if pid == 0 {
+		return 0, fmt.Errorf("%s is not running", r.Program.Name)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+// Histogram is a histogram's running count and sum.
+type Histogram struct {
+	Count uint64
+	Sum   float64
+}
+
+// Sub is the histogram of the observations made since old.
+func (h Histogram) Sub(old Histogram) Histogram {
+	return Histogram{Count: h.Count - old.Count, Sum: h.Sum - old.Sum}
+}
+
+// Mean is the mean observation (0 without any).
+func (h Histogram) Mean() time.Duration {
+	if h.Count == 0 {
+		return 0
+	}
+	return time.Duration(h.Sum / float64(h.Count) * float64(time.Second))
+}
+
+// Syncs reads the program's sync-duration histogram from its metrics,
+// summed over its labels (sync kind, IP family).
+func (r *Running) Syncs(ctx context.Context) (Histogram, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+	if err != nil {
+		return Histogram{}, err
+	}
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return Histogram{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return Histogram{}, fmt.Errorf("%s metrics: %s: %s", r.Program.Name, resp.Status, b)
+	}
+	return histogram(resp.Body, r.Program.syncMetric)
+}
+
+// histogram sums the histogram called name in a Prometheus text exposition.
+func histogram(body io.Reader, name string) (Histogram, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(body)
+	if err != nil {
+		return Histogram{}, err
+	}
+	f, ok := families[name]
+	if !ok {
+		return Histogram{}, nil // no sync yet
+	}
+	var h Histogram
+	for _, m := range f.GetMetric() {
+		if f.GetType() != dto.MetricType_HISTOGRAM {
+			return Histogram{}, fmt.Errorf("%s is a %s, not a histogram", name, f.GetType())
+		}
+		h.Count += m.GetHistogram().GetSampleCount()
+		h.Sum += m.GetHistogram().GetSampleSum()
+	}
+	return h, nil
+}

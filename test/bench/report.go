@@ -1,0 +1,257 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Report is a finished run: its results and the machine they were taken on.
+type Report struct {
+	Results []Result
+	Elapsed time.Duration
+	Machine string
+	Date    time.Time
+}
+
+// NewReport describes the results with the machine they were taken on.
+func NewReport(results []Result, elapsed time.Duration) *Report {
+	return &Report{Results: results, Elapsed: elapsed, Machine: machine(), Date: time.Now().UTC()}
+}
+
+// machine names the CPU, core count, memory, kernel and load average.
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	var si unix.Sysinfo_t
+	mem := "?"
+	if unix.Sysinfo(&si) == nil {
+		mem = fmt.Sprintf("%d GiB", uint64(si.Totalram)*uint64(si.Unit)>>30)
+	}
+	var un unix.Utsname
+	kernel := "?"
+	if unix.Uname(&un) == nil {
+		kernel = unix.ByteSliceToString(un.Release[:])
+	}
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return fmt.Sprintf("%s, %d cores, %s, Linux %s, %s; load average at the end %s", cpu, runtime.NumCPU(), mem, kernel, runtime.Version(), load)
+}
+
+// row is one line of a mode's table.
+type row struct {
+	what        string
+	kp, ps      string
+	ratio       string
+	target, met string
+}
+
+// lookup finds a result.
+func (r *Report) lookup(program, mode string, n int) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Program == program && res.Mode == mode && res.Services == n {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
+// modes and sizes present in the results, in order of appearance.
+func (r *Report) modes() []string { return uniq(r.Results, func(x Result) string { return x.Mode }) }
+func (r *Report) sizes() []int    { return uniq(r.Results, func(x Result) int { return x.Services }) }
+
+func uniq[T comparable](rs []Result, key func(Result) T) []T {
+	var out []T
+	seen := map[T]bool{}
+	for _, x := range rs {
+		if k := key(x); !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// durationRow compares one duration figure; ratio is proxyshift over
+// kube-proxy; a target is met when the ratio (or, for an absolute
+// target, proxyshift's figure) is at most the bound.
+func durationRow(what string, kp, ps time.Duration, maxRatio float64, maxAbs time.Duration) row {
+	r := row{what: what, kp: fmtDuration(kp), ps: fmtDuration(ps), ratio: "-"}
+	if kp > 0 {
+		ratio := float64(ps) / float64(kp)
+		r.ratio = fmt.Sprintf("%.2f", ratio)
+		if maxRatio > 0 {
+			r.target, r.met = fmt.Sprintf("<= %.1fx kube-proxy", maxRatio), metText(ratio <= maxRatio)
+		}
+	}
+	if maxAbs > 0 {
+		r.target, r.met = "<= "+fmtDuration(maxAbs), metText(ps <= maxAbs)
+	}
+	return r
+}
+
+func metText(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// rows builds a mode's table. The targets are the issue's: nftables full
+// sync <= 0.5x kube-proxy's at the largest size, a one-endpoint change <=
+// 10 ms and programming latency p99 <= 200 ms there; iptables full sync
+// <= 1.0x and a one-endpoint change <= 0.5x; first packet to the last
+// Service within 10% of the first in nftables mode.
+func (r *Report) rows(mode string) []row {
+	sizes := r.sizes()
+	largest := sizes[len(sizes)-1]
+	nft := mode == "nftables"
+	var out []row
+	each := func(f func(n int, kp, ps Result, atLargest bool)) {
+		for _, n := range sizes {
+			kp, ok1 := r.lookup("kube-proxy", mode, n)
+			ps, ok2 := r.lookup("proxyshift", mode, n)
+			if ok1 && ok2 {
+				f(n, kp, ps, n == largest)
+			}
+		}
+	}
+	each(func(n int, kp, ps Result, atLargest bool) {
+		ratio := 0.0
+		switch {
+		case nft && atLargest:
+			ratio = 0.5
+		case !nft:
+			ratio = 1.0
+		}
+		out = append(out, durationRow(fmt.Sprintf("first full sync, %d services (until the last answers)", n), kp.FirstSync, ps.FirstSync, ratio, 0))
+	})
+	each(func(n int, kp, ps Result, _ bool) {
+		out = append(out, durationRow(fmt.Sprintf("first full sync, %d services (own metrics; syncs: %d / %d)", n, kp.FirstSyncs, ps.FirstSyncs), kp.FirstSyncMetric, ps.FirstSyncMetric, 0, 0))
+	})
+	each(func(n int, kp, ps Result, atLargest bool) {
+		rw := durationRow(fmt.Sprintf("one-endpoint change sync, %d services (own metrics, mean)", n), kp.ChangeSync, ps.ChangeSync, 0, 0)
+		switch {
+		case nft && atLargest:
+			rw = durationRow(rw.what, kp.ChangeSync, ps.ChangeSync, 0, 10*time.Millisecond)
+		case !nft:
+			rw = durationRow(rw.what, kp.ChangeSync, ps.ChangeSync, 0.5, 0)
+		}
+		out = append(out, rw)
+	})
+	each(func(n int, kp, ps Result, atLargest bool) {
+		out = append(out, durationRow(fmt.Sprintf("programming latency p50, %d services (%d changes)", n, len(ps.Latency)), Percentile(kp.Latency, 50), Percentile(ps.Latency, 50), 0, 0))
+		abs := time.Duration(0)
+		if nft && atLargest {
+			abs = 200 * time.Millisecond
+		}
+		out = append(out, durationRow(fmt.Sprintf("programming latency p99, %d services", n), Percentile(kp.Latency, 99), Percentile(ps.Latency, 99), 0, abs))
+	})
+	each(func(n int, kp, ps Result, _ bool) {
+		out = append(out, row{what: fmt.Sprintf("peak RSS, %d services", n), kp: fmtMiB(kp.PeakRSS), ps: fmtMiB(ps.PeakRSS), ratio: fmt.Sprintf("%.2f", float64(ps.PeakRSS)/float64(max(kp.PeakRSS, 1)))})
+	})
+	each(func(n int, kp, ps Result, atLargest bool) {
+		if !atLargest {
+			return
+		}
+		for _, p := range []float64{50, 99} {
+			out = append(out,
+				durationRow(fmt.Sprintf("first-packet (TCP connect) p%.0f, first service of %d", p, n), Percentile(kp.ConnectFirst, p), Percentile(ps.ConnectFirst, p), 0, 0),
+				durationRow(fmt.Sprintf("first-packet (TCP connect) p%.0f, last service of %d", p, n), Percentile(kp.ConnectLast, p), Percentile(ps.ConnectLast, p), 0, 0))
+		}
+		spread := row{what: fmt.Sprintf("first-packet p50, last / first service of %d", n),
+			kp: fmt.Sprintf("%.2f", lastOverFirst(kp)), ps: fmt.Sprintf("%.2f", lastOverFirst(ps)), ratio: "-"}
+		if nft {
+			spread.target, spread.met = "proxyshift <= 1.10", metText(lastOverFirst(ps) <= 1.10)
+		}
+		out = append(out, spread)
+	})
+	return out
+}
+
+func lastOverFirst(r Result) float64 {
+	first := Percentile(r.ConnectFirst, 50)
+	if first == 0 {
+		return 0
+	}
+	return float64(Percentile(r.ConnectLast, 50)) / float64(first)
+}
+
+// Markdown renders the report: how it was taken, then a table per mode.
+func (r *Report) Markdown() string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Measured on %s by `make bench` (%s wall in all): %s.\n", r.Date.Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(time.Second), r.Machine)
+	for _, mode := range r.modes() {
+		fmt.Fprintf(&b, "\n### %s mode\n\n", mode)
+		fmt.Fprintln(&b, "| | kube-proxy | proxyshift | ratio | target |")
+		fmt.Fprintln(&b, "| --- | --- | --- | --- | --- |")
+		for _, rw := range r.rows(mode) {
+			target := rw.target
+			if rw.met != "" {
+				target += ": " + rw.met
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", rw.what, rw.kp, rw.ps, rw.ratio, target)
+		}
+	}
+	return b.String()
+}
+
+// Section markers in the Markdown file WriteInto updates.
+const (
+	beginMarker = "<!-- make bench: begin -->"
+	endMarker   = "<!-- make bench: end -->"
+)
+
+// ChartName is the chart's file name, next to the Markdown file.
+const ChartName = "benchmarks-kube-proxy.png"
+
+// WriteInto replaces the part of the Markdown file at path between the
+// markers (appending them when missing) with the report and a link to
+// the chart, which it renders next to the file.
+func (r *Report) WriteInto(path string) error {
+	if err := r.Chart(filepath.Join(filepath.Dir(path), ChartName)); err != nil {
+		return err
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	section := beginMarker + "\n" + r.Markdown() + "\n![First full sync against Service count](" + ChartName + ")\n" + endMarker
+	doc := string(old)
+	i, j := strings.Index(doc, beginMarker), strings.Index(doc, endMarker)
+	if i >= 0 && j > i {
+		doc = doc[:i] + section + doc[j+len(endMarker):]
+	} else {
+		doc = strings.TrimRight(doc, "\n") + "\n\n" + section + "\n"
+	}
+	return os.WriteFile(path, []byte(doc), 0o644)
+}
+
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%d µs", d.Microseconds())
+}
+
+func fmtMiB(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
