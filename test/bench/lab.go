@@ -35,13 +35,40 @@ var (
 // EndpointPort is the port the backends answer on (the Services' target port).
 const EndpointPort = 8080
 
-// Namespace names: one node namespace per run, one backends namespace.
+// Namespace names carry the benchmark's pid ("psbench-<pid>-node"), so
+// that a run (or the package's tests) never removes another live run's
+// namespaces, only those of runs that died.
 const (
-	nodeNSName     = "psbench-node"
-	backendsNSName = "psbench-backends"
-	linkNode       = "bench0"
-	linkBackends   = "bench1"
+	nsPrefix     = "psbench-"
+	linkNode     = "bench0"
+	linkBackends = "bench1"
 )
+
+func nsName(role string) string { return fmt.Sprintf("%s%d-%s", nsPrefix, os.Getpid(), role) }
+
+// removeStale deletes the namespaces of benchmark runs whose process is gone.
+func removeStale() error {
+	entries, err := os.ReadDir("/run/netns")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), nsPrefix)
+		pid, _, ok2 := strings.Cut(rest, "-")
+		if !ok || !ok2 {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue // its run is alive
+		}
+		if err := netns.DeleteNamed(e.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove stale namespace %s: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
 
 // Lab is the backends namespace with its echo server; a Node is created
 // per run on top of it.
@@ -54,12 +81,10 @@ type Lab struct {
 // NewLab removes namespaces a killed run left behind, creates the
 // backends namespace with its AnyIP route and starts the echo server.
 func NewLab() (*Lab, error) {
-	for _, name := range []string{nodeNSName, backendsNSName} {
-		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("remove stale namespace %s: %w", name, err)
-		}
+	if err := removeStale(); err != nil {
+		return nil, err
 	}
-	ns, err := netlab.CreateNetNS(backendsNSName)
+	ns, err := netlab.CreateNetNS(nsName("backends"))
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +162,7 @@ type Node struct {
 // default route through them, and a relay from its loopback to apiServer
 // (an address on the root namespace's loopback).
 func (l *Lab) NewNode(apiServer string) (*Node, error) {
-	ns, err := netlab.CreateNetNS(nodeNSName)
+	ns, err := netlab.CreateNetNS(nsName("node"))
 	if err != nil {
 		return nil, err
 	}

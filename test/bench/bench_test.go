@@ -1,0 +1,135 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50 * time.Millisecond}, {99, 99 * time.Millisecond}, {100, 100 * time.Millisecond}, {1, time.Millisecond}} {
+		if got := Percentile(ds, c.p); got != c.want {
+			t.Errorf("p%v = %s, want %s", c.p, got, c.want)
+		}
+	}
+	if got := Percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("p99 of one sample = %s, want it", got)
+	}
+	if got := Percentile(nil, 50); got != 0 {
+		t.Errorf("p50 of nothing = %s, want 0", got)
+	}
+	if ds[0] != 100*time.Millisecond {
+		t.Error("Percentile sorted its argument in place")
+	}
+}
+
+func TestHistogramSumsLabels(t *testing.T) {
+	text := `# HELP kubeproxy_sync_proxy_rules_duration_seconds SyncProxyRules latency in seconds
+# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 3
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.75
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 3
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.25
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
+# TYPE other_total counter
+other_total 5
+`
+	h, err := histogram(strings.NewReader(text), "kubeproxy_sync_proxy_rules_duration_seconds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Count != 4 || h.Sum != 1.0 {
+		t.Fatalf("got %+v, want count 4 sum 1.0", h)
+	}
+	if m := h.Sub(Histogram{Count: 2, Sum: 0.5}).Mean(); m != 250*time.Millisecond {
+		t.Errorf("mean of the last two = %s, want 250ms", m)
+	}
+	if _, err := histogram(strings.NewReader(text), "other_total"); err == nil {
+		t.Error("a counter read as a histogram")
+	}
+	if h, err := histogram(strings.NewReader(text), "missing"); err != nil || h.Count != 0 {
+		t.Errorf("missing histogram = %+v, %v; want empty, no error (no sync yet)", h, err)
+	}
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func sampleResults() []Result {
+	res := func(prog, mode string, n int, first, change, p99 time.Duration, connFirst, connLast time.Duration) Result {
+		return Result{Program: prog, Mode: mode, Services: n, FirstSync: first, FirstSyncMetric: first / 2, FirstSyncs: 1,
+			ChangeSync: change, ChangeSyncs: 50, Latency: []time.Duration{p99 / 2, p99},
+			ConnectFirst: []time.Duration{connFirst}, ConnectLast: []time.Duration{connLast}, PeakRSS: 100 << 20}
+	}
+	return []Result{
+		res("kube-proxy", "nftables", 1000, ms(2000), ms(100), ms(150), ms(1), ms(1)),
+		res("proxyshift", "nftables", 1000, ms(700), ms(3), ms(20), ms(1), ms(1)),
+		res("kube-proxy", "nftables", 10000, ms(10000), ms(400), ms(500), ms(1), ms(1)),
+		res("proxyshift", "nftables", 10000, ms(6000), ms(8), ms(150), ms(1), ms(2)),
+		res("kube-proxy", "iptables", 10000, ms(60000), ms(1000), ms(1500), ms(1), ms(3)),
+		res("proxyshift", "iptables", 10000, ms(50000), ms(400), ms(600), ms(1), ms(1)),
+	}
+}
+
+// TestReportTargets checks the rows that carry the issue's targets: a
+// ratio target, an absolute one, and the first-packet spread.
+func TestReportTargets(t *testing.T) {
+	r := &Report{Results: sampleResults()}
+	md := r.Markdown()
+	for _, want := range []string{
+		"| first full sync, 10000 services (until the last answers) | 10.00 s | 6.00 s | 0.60 | <= 0.5x kube-proxy: **missed** |",
+		"| one-endpoint change sync, 10000 services (own metrics, mean) | 400.0 ms | 8.0 ms | 0.02 | <= 10.0 ms: met |",
+		"| programming latency p99, 10000 services | 500.0 ms | 150.0 ms | 0.30 | <= 200.0 ms: met |",
+		"| first-packet p50, last / first service of 10000 | 1.00 | 2.00 | - | proxyshift <= 1.10: **missed** |",
+		"| first full sync, 10000 services (until the last answers) | 60.00 s | 50.00 s | 0.83 | <= 1.0x kube-proxy: met |",
+		"| one-endpoint change sync, 10000 services (own metrics, mean) | 1.00 s | 400.0 ms | 0.40 | <= 0.5x kube-proxy: met |",
+		"### nftables mode", "### iptables mode",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	// The 1k nftables full sync has no target (the target is at the
+	// largest size only).
+	if !strings.Contains(md, "| first full sync, 1000 services (until the last answers) | 2.00 s | 700.0 ms | 0.35 |  |") {
+		t.Errorf("1k full sync row carries a target:\n%s", md)
+	}
+}
+
+// TestWriteIntoReplacesItsSection checks that a second write replaces the
+// first one's section and leaves the rest of the file alone, and that the
+// chart is written.
+func TestWriteIntoReplacesItsSection(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "benchmarks.md")
+	if err := os.WriteFile(path, []byte("# Benchmarks\n\nintro\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{Results: sampleResults(), Machine: "test machine", Date: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	for range 2 {
+		if err := r.WriteInto(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	if !strings.HasPrefix(doc, "# Benchmarks\n\nintro\n") || strings.Count(doc, beginMarker) != 1 || strings.Count(doc, "### nftables mode") != 1 {
+		t.Errorf("file after two writes:\n%s", doc)
+	}
+	st, err := os.Stat(filepath.Join(dir, ChartName))
+	if err != nil || st.Size() < 1000 {
+		t.Errorf("chart: %v, %v", st, err)
+	}
+}
