@@ -17,15 +17,14 @@ import (
 	"syscall"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
-
-// IPTablesBackends are the two iptables backends, in the API's names.
-var IPTablesBackends = []string{"legacy", "nft"}
 
 // ReportedSchedulers are the IPVS schedulers whose modules are always
 // reported, besides the one the settings choose.
@@ -38,8 +37,8 @@ type Gatherer struct {
 	Kernel *kmod.Kernel
 	// NS is the node's network namespace (nsexec.Current for the agent's).
 	NS nsexec.NS
-	// IPTables reports the iptables backends; nil uses the iptables
-	// binaries (see ProbeIPTables).
+	// IPTables reports the iptables backends; nil asks the iptables
+	// dataplane (iptables.KernelFacts) in NS.
 	IPTables func(ctx context.Context) []v1alpha1.IPTablesBackend
 	// IPVS says whether IPVS answers; nil probes the generic netlink
 	// family "IPVS".
@@ -63,8 +62,8 @@ func (g *Gatherer) Gather(ctx context.Context, scheduler v1alpha1.IPVSScheduler)
 	for _, s := range ReportedSchedulers {
 		names = append(names, "ip_vs_"+string(s))
 	}
-	for _, b := range IPTablesBackends {
-		mods, _ := kmod.IPTablesBackendModules(b)
+	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
+		mods, _ := kmod.IPTablesBackendModules(string(v))
 		names = append(names, mods...)
 	}
 	seen := map[string]bool{}
@@ -78,12 +77,15 @@ func (g *Gatherer) Gather(ctx context.Context, scheduler v1alpha1.IPVSScheduler)
 	}
 	slices.SortFunc(f.Modules, func(a, b v1alpha1.KernelModule) int { return strings.Compare(a.Name, b.Name) })
 	f.NFTables, _ = g.NFTables()
-	if g.IPTables != nil {
-		f.IPTablesBackends = g.IPTables(ctx)
-	} else {
-		f.IPTablesBackends = ProbeIPTables(ctx, g.NS)
-	}
+	f.IPTablesBackends = g.iptables(ctx)
 	return f
+}
+
+func (g *Gatherer) iptables(ctx context.Context) []v1alpha1.IPTablesBackend {
+	if g.IPTables != nil {
+		return g.IPTables(ctx)
+	}
+	return iptables.KernelFacts(ctx, iptables.WithNetNSFd(int(g.NS)))
 }
 
 func (g *Gatherer) kernel() *kmod.Kernel {
@@ -205,12 +207,7 @@ func (g *Gatherer) Capability(ctx context.Context, mode v1alpha1.ProxyMode) (v1a
 	case v1alpha1.ModeNFTables:
 		return g.NFTables()
 	case v1alpha1.ModeIPTables:
-		var backends []v1alpha1.IPTablesBackend
-		if g.IPTables != nil {
-			backends = g.IPTables(ctx)
-		} else {
-			backends = ProbeIPTables(ctx, g.NS)
-		}
+		backends := g.iptables(ctx)
 		var seen []string
 		result := v1alpha1.CapabilityNo
 		for _, b := range backends {
@@ -230,4 +227,18 @@ func (g *Gatherer) Capability(ctx context.Context, mode v1alpha1.ProxyMode) (v1a
 		return IPVSFamily()
 	}
 	return v1alpha1.CapabilityUnknown, fmt.Sprintf("unknown mode %q", mode)
+}
+
+// IPVSFamily says whether the kernel's IPVS answers: its generic netlink
+// family exists (it does once ip_vs is in the kernel). The family is not
+// per namespace.
+func IPVSFamily() (v1alpha1.Capability, string) {
+	_, err := netlink.GenlFamilyGet("IPVS")
+	switch {
+	case err == nil:
+		return v1alpha1.CapabilityYes, "the IPVS generic netlink family exists"
+	case errors.Is(err, syscall.ENOENT):
+		return v1alpha1.CapabilityNo, "the kernel has no IPVS generic netlink family (ip_vs is not in the kernel)"
+	}
+	return v1alpha1.CapabilityUnknown, "looking up the IPVS generic netlink family failed: " + err.Error()
 }

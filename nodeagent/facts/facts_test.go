@@ -12,19 +12,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 )
 
-func TestHasRules(t *testing.T) {
-	for save, want := range map[string]bool{
-		"": false,
-		"*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n":                   false,
-		"*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n":                     true,
-		"*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n": true,
-	} {
-		if got := HasRules([]byte(save)); got != want {
-			t.Errorf("HasRules(%q) = %v, want %v", save, got, want)
-		}
-	}
-}
-
 // fixture is a kernel whose modules.builtin lists every module the modes
 // need but missing, with nothing loaded.
 func fixture(t *testing.T, missing string) *kmod.Kernel {
