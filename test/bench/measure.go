@@ -122,7 +122,10 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return fail(fmt.Errorf("first sync: %w", err))
 	}
 	res.FirstSync = time.Since(start)
-	synced, err := settledSyncs(ctx, run)
+	// The changes start once the program's metrics show its first sync
+	// and stand still: a program still busy starting up (proxyshift
+	// verifies a mode before it reports it serving) is not measured then.
+	synced, err := settledSyncs(ctx, run, plan.SyncTimeout)
 	if err != nil {
 		return fail(err)
 	}
@@ -141,7 +144,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		}
 		res.Latency = append(res.Latency, time.Since(sent))
 	}
-	changed, err := settledSyncs(ctx, run)
+	changed, err := settledSyncs(ctx, run, plan.SyncTimeout)
 	if err != nil {
 		return fail(err)
 	}
@@ -197,11 +200,13 @@ func waitAnswer(ctx context.Context, node *Node, run *Running, addr netip.AddrPo
 	}
 }
 
-// settledSyncs reads the sync histogram until two reads 300 ms apart
-// agree, so that a sync still being recorded is counted.
-func settledSyncs(ctx context.Context, run *Running) (Histogram, error) {
+// settledSyncs reads the sync histogram until it shows a sync and two
+// reads 300 ms apart agree, so that a sync still being recorded is
+// counted; it gives up after timeout.
+func settledSyncs(ctx context.Context, run *Running, timeout time.Duration) (Histogram, error) {
+	deadline := time.Now().Add(timeout)
 	prev, err := run.Syncs(ctx)
-	for i := 0; err == nil && i < 50; i++ {
+	for err == nil && time.Now().Before(deadline) {
 		time.Sleep(300 * time.Millisecond)
 		var cur Histogram
 		if cur, err = run.Syncs(ctx); err == nil && cur == prev && cur.Count > 0 {
@@ -212,7 +217,7 @@ func settledSyncs(ctx context.Context, run *Running) (Histogram, error) {
 	if err != nil {
 		return Histogram{}, fmt.Errorf("%s metrics: %w", run.Program.Name, err)
 	}
-	return Histogram{}, fmt.Errorf("%s's sync metrics did not settle: %+v", run.Program.Name, prev)
+	return Histogram{}, fmt.Errorf("%s's sync metrics did not settle within %s: %+v", run.Program.Name, timeout, prev)
 }
 
 func round(d time.Duration) time.Duration {

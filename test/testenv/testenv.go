@@ -89,6 +89,9 @@ func Launch(assets, dir string) (*Env, error) {
 	}
 	// Service IPs come from the test range, so that labs can route them.
 	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", ServiceCIDR)
+	// A throwaway etcd need not wait for the disk on every write.
+	env.ControlPlane.Etcd = &envtest.Etcd{}
+	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
