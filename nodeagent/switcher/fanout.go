@@ -28,8 +28,10 @@ type Fanout struct {
 	// afterSync runs after every successful sync of the primary, under
 	// the lock (see SetAfterSync).
 	afterSync func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)
-	// onPrimary receives every sync of the primary, and the last one of
-	// a member that becomes primary.
+	// onPrimary receives every sync of the primary (of every member
+	// while there is none: on a node that served no mode, the mode being
+	// programmed is what will serve), and the last one of a member that
+	// replaces another as primary.
 	onPrimary func(PrimarySync)
 }
 
@@ -62,7 +64,7 @@ func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRe
 	} else {
 		m.counts, m.valid, m.full = c, true, false
 	}
-	if m.mode == f.primary && f.onPrimary != nil {
+	if (m.mode == f.primary || f.primary == "") && f.onPrimary != nil {
 		f.onPrimary(m.last)
 	}
 	return err
@@ -272,9 +274,9 @@ func (f *Fanout) Modes() []v1alpha1.ProxyMode {
 func (f *Fanout) SetPrimary(mode v1alpha1.ProxyMode) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	changed := f.primary != mode
+	changed, had := f.primary != mode, f.primary != ""
 	f.primary = mode
-	if m := f.find(mode); changed && m != nil && !m.last.Time.IsZero() && f.onPrimary != nil {
+	if m := f.find(mode); changed && had && m != nil && !m.last.Time.IsZero() && f.onPrimary != nil {
 		f.onPrimary(m.last)
 	}
 }

@@ -1,0 +1,74 @@
+package switcher
+
+import (
+	"context"
+	"testing"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// countingBackend reports as many services as syncs it has had.
+type countingBackend struct {
+	mode  v1alpha1.ProxyMode
+	syncs int
+}
+
+func (b *countingBackend) Mode() v1alpha1.ProxyMode { return b.mode }
+func (b *countingBackend) Sync(context.Context, dataplane.SyncRequest) (dataplane.Counts, error) {
+	b.syncs++
+	return dataplane.Counts{Services: b.syncs}, nil
+}
+func (b *countingBackend) Programmed(context.Context) (dataplane.Counts, error) {
+	return dataplane.Counts{Services: b.syncs}, nil
+}
+func (b *countingBackend) Cleanup(context.Context) ([]string, error) { return nil, nil }
+
+// TestOnPrimaryReportsEachServingSyncOnce checks which syncs reach
+// onPrimary: on a node that served nothing, the syncs of the mode being
+// programmed (the first sync after start-up included); once it is
+// primary, its syncs only, never the new member's during a switch; and
+// the new member's last sync once, when it takes over.
+func TestOnPrimaryReportsEachServingSyncOnce(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	var got []PrimarySync
+	f.SetOnPrimary(func(p PrimarySync) { got = append(got, p) })
+	snap := &model.Snapshot{}
+	nft := &countingBackend{mode: v1alpha1.ModeNFTables}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: snap, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, nft, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Mode != v1alpha1.ModeNFTables || !got[0].Full {
+		t.Fatalf("programming a fresh node's mode reported %+v, want its full sync", got)
+	}
+	f.SetPrimary(v1alpha1.ModeNFTables)
+	if len(got) != 1 {
+		t.Fatalf("promoting the only mode reported its sync again: %+v", got)
+	}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: snap}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1].Full {
+		t.Fatalf("a partial sync of the primary: got %+v", got)
+	}
+
+	ipt := &countingBackend{mode: v1alpha1.ModeIPTables}
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, ipt, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: snap}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[2].Mode != v1alpha1.ModeNFTables {
+		t.Fatalf("during a switch only the primary's syncs count: got %+v", got)
+	}
+	f.SetPrimary(v1alpha1.ModeIPTables)
+	if len(got) != 4 || got[3].Mode != v1alpha1.ModeIPTables || got[3].Counts.Services != ipt.syncs {
+		t.Fatalf("the new primary's last sync is reported once when it takes over: got %+v", got)
+	}
+}
