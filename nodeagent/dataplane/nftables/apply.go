@@ -69,13 +69,16 @@ func kernelSet(table *nftables.Table, s *set) *nftables.Set {
 		Table:         table,
 		Name:          s.name,
 		KeyType:       s.keyType,
-		IsMap:         s.verdictMap,
+		IsMap:         s.isMap(),
 		Interval:      s.interval,
 		Concatenation: s.concat(),
 		KeyByteOrder:  binaryutil.BigEndian,
 	}
-	if s.verdictMap {
+	switch {
+	case s.verdictMap:
 		ks.DataType = nftables.TypeVerdict
+	case s.dataMap():
+		ks.DataType = s.dataType
 	}
 	if s.hostOrderKey {
 		ks.KeyByteOrder = binaryutil.NativeEndian
@@ -87,12 +90,17 @@ func kernelSet(table *nftables.Table, s *set) *nftables.Set {
 }
 
 // kernelElements are the kernel's elements for elems of s: an interval
-// set holds a prefix as its first address and, flagged as the end of the
-// interval, the first address after it.
+// set holds an interval as its first key and, flagged as the end of the
+// interval, the first key after it (a prefix: its first address and the
+// first address after it).
 func kernelElements(s *set, elems []element) []nftables.SetElement {
-	out := make([]nftables.SetElement, 0, len(elems))
+	n := len(elems)
+	if s.interval {
+		n *= 2
+	}
+	out := make([]nftables.SetElement, 0, n)
 	for _, e := range elems {
-		ke := nftables.SetElement{Key: e.key, Comment: e.comment}
+		ke := nftables.SetElement{Key: e.key, Val: e.data, Comment: e.comment}
 		if e.verdict != nil {
 			ke.VerdictData = &expr.Verdict{Kind: e.verdict.kind, Chain: e.verdict.chain}
 		}
@@ -113,7 +121,7 @@ func chunks(elems []element) [][]element {
 	var out [][]element
 	start, size := 0, 0
 	for i, e := range elems {
-		n := 64 + len(e.key) + len(e.keyEnd) + len(e.comment)
+		n := 64 + len(e.key) + len(e.keyEnd) + len(e.data) + len(e.comment)
 		if e.verdict != nil {
 			n += len(e.verdict.chain)
 		}

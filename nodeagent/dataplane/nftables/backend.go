@@ -37,6 +37,9 @@ type Backend struct {
 type familyState struct {
 	rs     *ruleset
 	claims claimIndex
+	// counts are rs.counts(), kept up to date by incremental syncs so
+	// that they need not walk every port.
+	counts dataplane.Counts
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -101,7 +104,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {
-		c = add(c, st.rs.counts())
+		c = add(c, st.counts)
 	}
 	return c, errors.Join(errs...)
 }
@@ -129,7 +132,7 @@ func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.Service
 		}
 		stale = nil
 	}
-	b.state[f] = &familyState{rs: rs, claims: claims}
+	b.state[f] = &familyState{rs: rs, claims: claims, counts: rs.counts()}
 	b.stale[f] = map[string]bool{}
 	for _, c := range stale {
 		b.stale[f][c] = true
@@ -144,13 +147,17 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 	if len(changes) == 0 {
 		return nil
 	}
-	ops, stale := incrementalPlan(changes)
+	ops, stale := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
 	if err := b.commit(f, ops); err != nil {
 		return err
 	}
+	st.counts.Rules -= len(st.rs.hairpin)
 	for _, ch := range changes {
 		if ch.old != nil {
 			st.claims.release(ch.name, ch.old)
+			st.rs.hairpin.add(ch.old.hairpin, -1)
+			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
+			st.counts = sub(st.counts, ch.old.counts())
 		}
 	}
 	for _, ch := range changes {
@@ -160,7 +167,12 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		}
 		st.claims.claim(ch.name, ch.new)
 		st.rs.ports[ch.name] = ch.new
+		st.rs.nextID = max(st.rs.nextID, ch.new.id+1)
+		st.rs.hairpin.add(ch.new.hairpin, 1)
+		st.rs.endpointMaps.addEndpointMap(ch.new, 1)
+		st.counts = add(st.counts, ch.new.counts())
 	}
+	st.counts.Rules += len(st.rs.hairpin)
 	// A chain flushed by an earlier sync may be wanted again: it exists,
 	// empty, and this sync has refilled it.
 	for _, c := range stale {
@@ -179,10 +191,12 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 
 // planChanges renders the changed ports (a changed name absent from the
 // model was deleted) and pairs them with what was programmed for them.
-// A key of a shared map that an unchanged port holds stays with it.
+// A key of a shared map that an unchanged port holds stays with it. A
+// port keeps its id; a new one gets the next unused (st.rs.nextID on).
 func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet, np *dataplane.NodePolicy) []portChange {
 	var changes []portChange
 	batch := claimIndex{}
+	nextID := st.rs.nextID
 	for _, name := range sortedNames(changed) {
 		old := st.rs.ports[name]
 		sp := ports[name]
@@ -191,7 +205,13 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 		}
 		var nw *portObjects
 		if sp != nil {
-			nw = renderPort(f, sp, np)
+			id := nextID
+			if old != nil {
+				id = old.id
+			} else {
+				nextID++
+			}
+			nw = renderPort(f, sp, np, id)
 			for m, elems := range nw.shared {
 				kept := elems[:0]
 				for _, e := range elems {
@@ -293,9 +313,10 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 
 // Programmed reads back what the kernel holds in both families' tables:
 // Services counts the service ports with elements in the shared maps,
-// Endpoints the endpoint chains with rules, Rules every rule plus every
-// element of the maps and sets a sync writes (not the affinity sets,
-// which the packet path fills).
+// Endpoints the distinct endpoints of each port in the service-endpoints
+// maps plus the endpoint chains with rules (ClientIP affinity), Rules
+// every rule plus every element of the maps and sets a sync writes (not
+// the affinity sets, which the packet path fills).
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 	var total dataplane.Counts
 	conn, err := b.conn()
@@ -318,6 +339,9 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 			return total, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
 		}
 		services := map[string]bool{}
+		// endpoints holds, per service port (its id), the distinct
+		// endpoints of its elements in the service-endpoints maps.
+		endpoints := map[string]map[string]bool{}
 		for _, s := range sets {
 			if s.Anonymous || s.HasTimeout {
 				continue
@@ -326,6 +350,7 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 			if err != nil {
 				return total, fmt.Errorf("nftables: list %s set %s: %w", f.name, s.Name, err)
 			}
+			isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
 			for _, e := range elems {
 				if e.IntervalEnd {
 					continue
@@ -334,9 +359,20 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 				if sharedMaps[s.Name] && e.Comment != "" {
 					services[e.Comment] = true
 				}
+				if isEndpoints && len(e.Key) == 8 {
+					// The key's first half is id<<1|choice.
+					port := string(e.Key[:3]) + string(e.Key[3]&^1)
+					if endpoints[port] == nil {
+						endpoints[port] = map[string]bool{}
+					}
+					endpoints[port][string(e.Val)] = true
+				}
 			}
 		}
 		total.Services += len(services)
+		for _, eps := range endpoints {
+			total.Endpoints += len(eps)
+		}
 		counts, err := ruleCounts(b.netns, f.table, TableName)
 		if err != nil {
 			return total, err
@@ -418,28 +454,41 @@ func (rs *ruleset) counts() dataplane.Counts {
 	for _, s := range rs.sets {
 		c.Rules += len(s.elems)
 	}
+	c.Rules += len(rs.hairpin)
 	for _, objs := range rs.ports {
-		shared := 0
-		for _, elems := range objs.shared {
-			shared += len(elems)
-		}
-		if shared > 0 {
-			c.Services++
-		}
-		c.Rules += shared
-		c.Endpoints += objs.endpoints
-		for _, ch := range objs.chains {
-			c.Rules += len(ch.rules)
-		}
-		for _, s := range objs.sets {
-			c.Rules += len(s.elems)
-		}
+		c = add(c, objs.counts())
+	}
+	return c
+}
+
+// counts are one port's share of its ruleset's counts (the hairpin set
+// aside, whose elements ports share).
+func (objs *portObjects) counts() dataplane.Counts {
+	var c dataplane.Counts
+	shared := 0
+	for _, elems := range objs.shared {
+		shared += len(elems)
+	}
+	if shared > 0 {
+		c.Services++
+	}
+	c.Rules += shared + len(objs.endpointElems)
+	c.Endpoints += objs.endpoints
+	for _, ch := range objs.chains {
+		c.Rules += len(ch.rules)
+	}
+	for _, s := range objs.sets {
+		c.Rules += len(s.elems)
 	}
 	return c
 }
 
 func add(a, b dataplane.Counts) dataplane.Counts {
 	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
+}
+
+func sub(a, b dataplane.Counts) dataplane.Counts {
+	return dataplane.Counts{Services: a.Services - b.Services, Endpoints: a.Endpoints - b.Endpoints, Rules: a.Rules - b.Rules}
 }
 
 // familyKey is the model family a table family programs.

@@ -12,8 +12,14 @@
 //   - A sync is one netlink transaction per family, which the kernel
 //     applies whole or not at all, so packets never see a half-written
 //     table; an incremental sync writes only the changed service ports'
-//     elements and chains (the kernel still re-validates the whole table
-//     when it commits one; the README's performance notes quantify it).
+//     elements and chains.
+//   - An endpoint change adds no rule: a service port's chain DNATs with
+//     one constant rule through a map of endpoint addresses (shared by 16
+//     ports), so the change only rewrites map elements, which the kernel
+//     commits without re-validating the whole table (a new rule or a
+//     jumping verdict would make it walk every chain). Hairpin is one
+//     rule at postrouting with a reference-counted set of endpoint
+//     pairs. Ports with ClientIP affinity keep a chain per endpoint.
 //   - Rendering is pure and separate from kernel I/O: render turns the
 //     model into a description of the table (chains, rules, sets, maps
 //     and elements) that dumps as nft-like text, which golden tests pin

@@ -24,22 +24,38 @@ func (rs *ruleset) String() string {
 	return b.String()
 }
 
-// allSets returns every set and map of the table, the shared maps with
-// the elements of all ports, sorted by name.
+// allSets returns every set and map of the table, the shared maps, the
+// service-endpoints maps and the hairpin set with the elements of all
+// ports, sorted by name.
 func (rs *ruleset) allSets() []*set {
 	shared := map[string][]element{}
+	endpointMaps := map[string]*set{}
 	var sets []*set
 	for _, objs := range rs.ports {
 		for m, elems := range objs.shared {
 			shared[m] = append(shared[m], elems...)
 		}
+		shared[setHairpin] = append(shared[setHairpin], objs.hairpin...)
 		sets = append(sets, objs.sets...)
+		if m := objs.endpointMap; m != nil {
+			if endpointMaps[m.name] == nil {
+				c := *m
+				endpointMaps[m.name] = &c
+				sets = append(sets, &c)
+			}
+			endpointMaps[m.name].elems = append(endpointMaps[m.name].elems, objs.endpointElems...)
+		}
+	}
+	for _, m := range endpointMaps {
+		slices.SortFunc(m.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
 	}
 	for _, s := range rs.sets {
 		if elems, ok := shared[s.name]; ok {
 			c := *s
 			c.elems = append(slices.Clone(s.elems), elems...)
 			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
+			// Hairpin elements are shared by every port with the endpoint.
+			c.elems = slices.CompactFunc(c.elems, func(a, b element) bool { return a.text == b.text })
 			s = &c
 		}
 		sets = append(sets, s)
@@ -68,8 +84,11 @@ func (rs *ruleset) allChains() []*chain {
 
 func (s *set) dump(b *strings.Builder) {
 	kind, typ := "set", s.keyText
-	if s.verdictMap {
+	switch {
+	case s.verdictMap:
 		kind, typ = "map", s.keyText+" : verdict"
+	case s.dataMap():
+		kind, typ = "map", s.keyText+" : "+s.dataText
 	}
 	fmt.Fprintf(b, "\t%s %s {\n\t\ttype %s\n", kind, s.name, typ)
 	switch {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -76,11 +77,21 @@ func testModel() *model.Snapshot {
 	}}
 }
 
-// expected renders the model as the backend should have programmed it.
-func expected(m *model.Snapshot) map[*family]*ruleset {
+// expected renders the model as the backend b should have programmed
+// it: from scratch, except for the ports' ids (portObjects.id), which
+// depend on the order in which incremental syncs added ports and are
+// taken from b's memory (nil b: numbered afresh, as by a full sync).
+func expected(m *model.Snapshot, b *Backend) map[*family]*ruleset {
 	out := map[*family]*ruleset{}
 	for _, f := range families {
-		out[f], _ = render(f, m.Ports[f.model], newNodePolicy(f, kernelConfig))
+		var ids map[model.ServicePortName]uint32
+		if b != nil && b.state[f] != nil {
+			ids = map[model.ServicePortName]uint32{}
+			for name, objs := range b.state[f].rs.ports {
+				ids[name] = objs.id
+			}
+		}
+		out[f], _ = renderIDs(f, m.Ports[f.model], newNodePolicy(f, kernelConfig), ids)
 	}
 	return out
 }
@@ -108,6 +119,9 @@ func viewOf(rs *ruleset) tableView {
 			d := hex.EncodeToString(e.key)
 			if e.verdict != nil {
 				d += " : " + e.verdict.String()
+			}
+			if e.data != nil {
+				d += " : " + hex.EncodeToString(e.data)
 			}
 			elems = append(elems, d+" "+e.comment)
 		}
@@ -179,7 +193,8 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 			t.Fatalf("elements of %s: %v", s.Name, err)
 		}
 		var verdicts map[string]string
-		if s.IsMap {
+		dataMap := kernelDataMap(s)
+		if s.IsMap && !dataMap {
 			verdicts = mapVerdicts(t, ns, f, s.Name)
 		}
 		elems := []string{}
@@ -188,7 +203,10 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 				continue
 			}
 			d := hex.EncodeToString(e.Key)
-			if s.IsMap {
+			switch {
+			case dataMap:
+				d += " : " + hex.EncodeToString(e.Val)
+			case s.IsMap:
 				d += " : " + verdicts[d]
 			}
 			elems = append(elems, d+" "+e.Comment)
@@ -268,9 +286,9 @@ func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, set string) map[stri
 
 // assertProgrammed checks that the kernel holds exactly the rendering of
 // m in both families.
-func assertProgrammed(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, m *model.Snapshot) {
+func assertProgrammed(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, m *model.Snapshot, b *Backend) {
 	t.Helper()
-	for f, rs := range expected(m) {
+	for f, rs := range expected(m, b) {
 		got, ok := kernelView(t, ns, conn, f)
 		if !ok {
 			t.Errorf("table %s %s is missing", f.name, TableName)
@@ -332,22 +350,24 @@ func TestKernelSyncReadsBack(t *testing.T) {
 	if c.Services != 8 || c.Endpoints != 11 {
 		t.Errorf("counts %+v, want 8 services and 11 endpoints", c)
 	}
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 	if present, err := b.Present(context.Background()); err != nil || !present {
 		t.Errorf("Present after a sync: %v, %v", present, err)
 	}
 
 	// A full resync of an unchanged table recognizes every chain and set
 	// the kernel lists as its own: it only flushes and refills them.
-	for f, rs := range expected(m) {
+	for f, rs := range expected(m, nil) {
 		kt, err := b.list(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ops, stale := fullPlan(rs, kt)
 		for _, o := range ops {
-			switch o.kind {
-			case opAddChain, opDelChain, opAddSet, opDelSet, opDelTable:
+			switch {
+			case (o.kind == opAddSet || o.kind == opDelSet) && strings.HasPrefix(o.name, prefixEndpointMap):
+				// Created anew on purpose (see fullPlan).
+			case o.kind == opAddChain, o.kind == opDelChain, o.kind == opAddSet, o.kind == opDelSet, o.kind == opDelTable:
 				t.Errorf("%s: full resync of an unchanged table: %s", f.name, o)
 			}
 		}
@@ -356,7 +376,7 @@ func TestKernelSyncReadsBack(t *testing.T) {
 		}
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 }
 
 func TestKernelIncrementalSync(t *testing.T) {
@@ -379,7 +399,7 @@ func TestKernelIncrementalSync(t *testing.T) {
 	added := svc("default", "new", "grpc", "10.96.0.90", 9090, ep("10.244.4.5", 9090))
 	v4[added.Name] = added
 	c := mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}, session: {}, empty: {}, added.Name: {}}})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 	if c.Services != 8 || c.Endpoints != 11 {
 		t.Errorf("counts %+v, want 8 services and 11 endpoints", c)
 	}
@@ -408,7 +428,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 		t.Fatal("table still there after deleting it")
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 
 	// Someone flushes a chain, deletes a map element and adds a chain of
 	// their own; a full sync puts everything back and removes the extra.
@@ -425,7 +445,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 
 	// Someone replaces service-ips by a map of the same name and flags but
 	// another key: the in-place rewrite fails on it, and the sync falls
@@ -441,7 +461,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 
 	// The table disappears again, and the next sync is an incremental
 	// one: it fails against the missing table and falls back to a full
@@ -453,7 +473,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
 	m.Ports[corev1.IPv4Protocol][name] = svc("default", "web", "http", "10.96.0.10", 80, ep("10.244.1.2", 8080))
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 }
 
 func TestKernelRestartKeepsRulesAndAffinity(t *testing.T) {
@@ -479,13 +499,13 @@ func TestKernelRestartKeepsRulesAndAffinity(t *testing.T) {
 	if p, err := b.Programmed(context.Background()); err != nil || p != before {
 		t.Fatalf("after New: programmed %+v (%v), want %+v", p, err, before)
 	}
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 	// ...which is a full one even if not asked for, keeps the affinity
 	// state, and removes what belonged to a service deleted while the
 	// agent was down.
 	delete(m.Ports[corev1.IPv4Protocol], model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP})
 	mustSync(t, b, dataplane.SyncRequest{Model: m})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 	elems, err := conn.GetSetElements(as)
 	if err != nil {
 		t.Fatal(err)
@@ -510,7 +530,7 @@ func TestKernelRejectedTransactionChangesNothing(t *testing.T) {
 	if !errors.Is(err, unix.ENOENT) {
 		t.Fatalf("commit of a broken batch: %v, want ENOENT", err)
 	}
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 }
 
 func TestKernelCleanup(t *testing.T) {
@@ -540,7 +560,7 @@ func TestKernelCleanup(t *testing.T) {
 	}
 	// The backend starts over with a full sync.
 	mustSync(t, b, dataplane.SyncRequest{Model: m})
-	assertProgrammed(t, ns, conn, m)
+	assertProgrammed(t, ns, conn, m, b)
 }
 
 func TestKernelLeavesOtherTablesAlone(t *testing.T) {
@@ -558,5 +578,185 @@ func TestKernelLeavesOtherTablesAlone(t *testing.T) {
 	}
 	if _, err := conn.ListChain(other, "nat-prerouting"); err != nil {
 		t.Errorf("another table's chain is gone: %v", err)
+	}
+}
+
+// ruleHandles lists every rule of our table of family f, by chain, as
+// "chain#handle": a rule added by a sync gets a new handle.
+func ruleHandles(t *testing.T, conn *nftables.Conn, f *family) []string {
+	t.Helper()
+	table := &nftables.Table{Name: TableName, Family: f.table}
+	chains, err := conn.ListChainsOfTableFamily(f.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, c := range chains {
+		if c.Table.Name != TableName {
+			continue
+		}
+		rules, err := conn.GetRules(table, c)
+		if err != nil {
+			t.Fatalf("rules of %s: %v", c.Name, err)
+		}
+		for _, r := range rules {
+			out = append(out, c.Name+"#"+itoa(int32(r.Handle)))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestKernelEndpointChangeAddsNoRule: endpoint changes of a service
+// without ClientIP affinity (replace, add, remove, down to one, back)
+// leave every rule of the table as it was (same handles): only the
+// port's endpoint map and the hairpin set change, so the kernel has no
+// reason to re-validate the table.
+func TestKernelEndpointChangeAddsNoRule(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	before := ruleHandles(t, conn, ipv4)
+
+	v4 := m.Ports[corev1.IPv4Protocol]
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	for _, eps := range [][]func(*model.ServicePort){
+		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.99", 8080)},
+		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.99", 8080), ep("10.244.4.1", 8080, local)},
+		{ep("10.244.4.1", 9090, terminating(true))},
+		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.4", 8080)},
+	} {
+		v4[web] = svc("default", "web", "http", "10.96.0.10", 80, eps...)
+		mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}})
+		assertProgrammed(t, ns, conn, m, b)
+		if after := ruleHandles(t, conn, ipv4); !slices.Equal(after, before) {
+			t.Errorf("rules changed with the endpoints of %s:\nbefore %v\nafter  %v", web, before, after)
+		}
+	}
+}
+
+// TestKernelHairpin sends real packets: a pod reaching a service whose
+// only endpoint is itself gets an answer, because the connection is
+// masqueraded (the pod would otherwise drop a packet from its own
+// address); without the pod's hairpin element it gets none.
+func TestKernelHairpin(t *testing.T) {
+	netlab.RequireRoot(t)
+	lab := netlab.NewLab(t)
+	pod := lab.Node.AddPod(t, "pod-a")
+	cfg := dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
+		ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14}
+	b, err := New(cfg, WithNetNSFd(lab.Node.NS.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serviceIP := netip.MustParseAddr("198.19.0.10")
+	sp := svc("default", "self", "http", serviceIP.String(), 80)
+	sp.Endpoints = []model.Endpoint{{IP: pod.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true}}
+	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: portsOf(sp)}}
+	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.AddrPortFrom(serviceIP, 80)
+	if got, err := pod.NS.Request(netlab.TCP, addr, 2*time.Second); err != nil || got != "pod-a" {
+		t.Fatalf("pod-a to its own service: %q, %v; want an answer from pod-a", got, err)
+	}
+
+	// The same without the hairpin element: no answer.
+	conn, err := nftables.New(nftables.WithNetNSFd(lab.Node.NS.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hp := &nftables.Set{Name: setHairpin, Table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4},
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr)}
+	key := append(pod.IP.AsSlice(), pod.IP.AsSlice()...)
+	if err := conn.SetDeleteElements(hp, []nftables.SetElement{{Key: key}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pod.NS.Request(netlab.TCP, addr, 500*time.Millisecond); err == nil {
+		t.Errorf("without the hairpin element, pod-a to its own service answered by %q; the test proves nothing", got)
+	}
+}
+
+// TestKernelEndpointMapsComeAndGo: incremental syncs create a
+// service-endpoints map when its first port appears and delete it when
+// its last port goes; a full sync numbers the ports afresh.
+func TestKernelEndpointMapsComeAndGo(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	v4 := manyPorts(20, 2) // ids 1-20: maps 0 and 1
+	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: v4, corev1.IPv6Protocol: {}}}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+	mapsNow := func() []string {
+		v, _ := kernelView(t, ns, conn, ipv4)
+		var names []string
+		for name := range v.sets {
+			if strings.HasPrefix(name, prefixEndpointMap) {
+				names = append(names, name)
+			}
+		}
+		slices.Sort(names)
+		return names
+	}
+	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1"}) {
+		t.Fatalf("endpoint maps %v", got)
+	}
+
+	// The ports numbered 16-20 go: map 1 goes with them.
+	changed := model.ChangeSet{}
+	for _, name := range sortedNames(v4)[15:] {
+		delete(v4, name)
+		changed[name] = struct{}{}
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: changed})
+	assertProgrammed(t, ns, conn, m, b)
+	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0"}) {
+		t.Errorf("endpoint maps after deleting ports 16-20: %v", got)
+	}
+
+	// 20 new ports get ids 21-40: maps 1 and 2 appear.
+	changed = model.ChangeSet{}
+	for i := range 20 {
+		sp := svc("new", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.97.0.%d", i), 80, ep(fmt.Sprintf("10.244.9.%d", i), 80))
+		v4[sp.Name] = sp
+		changed[sp.Name] = struct{}{}
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: changed})
+	assertProgrammed(t, ns, conn, m, b)
+	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1", "service-endpoints-2"}) {
+		t.Errorf("endpoint maps after adding 20 ports: %v", got)
+	}
+
+	// A full sync numbers the 35 ports 1-35 again.
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1", "service-endpoints-2"}) {
+		t.Errorf("endpoint maps after a full sync: %v", got)
+	}
+}
+
+// TestKernelAffinityToggles: a port that gains ClientIP affinity moves
+// from the service-endpoints map to endpoint chains, and back.
+func TestKernelAffinityToggles(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	v4 := m.Ports[corev1.IPv4Protocol]
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	plain := v4[web]
+	sticky := *plain
+	sticky.AffinityTimeout = time.Hour
+	for _, sp := range []*model.ServicePort{&sticky, plain} {
+		v4[web] = sp
+		mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}})
+		assertProgrammed(t, ns, conn, m, b)
+		if len(b.stale[ipv4]) != 0 {
+			t.Errorf("stale chains left: %v", b.stale[ipv4])
+		}
 	}
 }

@@ -37,6 +37,7 @@ const (
 	mapFirewallIPs         = "firewall-ips"
 	setNodePortIPs         = "nodeport-ips"
 	setClusterCIDRs        = "cluster-cidrs"
+	setHairpin             = "hairpin-endpoints"
 )
 
 // Prefixes of the per-service-port object names. Every per-service name
@@ -52,6 +53,28 @@ const (
 	prefixLocalEPs  = "local-endpoints-"
 )
 
+// prefixEndpointMap names the maps of endpoint addresses the service
+// ports without affinity DNAT with: service-endpoints-0, -1, ..., each
+// shared by endpointMapPorts ports (by id).
+const prefixEndpointMap = "service-endpoints-"
+
+// endpointMapPorts is how many ports (consecutive ids) share one
+// service-endpoints map. The kernel makes the count a trade-off: it finds
+// a map by walking a list of all the table's sets (each rule naming a
+// map, each batch of elements, each new set), so thousands of per-port
+// maps make a full sync quadratic in the number of ports; and each
+// element written to a map is checked against every rule that looks the
+// map up, so one map for all ports makes it quadratic too. With 16 ports
+// a map, 10 000 ports make 625 maps, and an element is checked against
+// at most 32 rules.
+const endpointMapPorts = 16
+
+// endpointMapName is the name of the service-endpoints map of the port
+// numbered id.
+func endpointMapName(id uint32) string {
+	return prefixEndpointMap + strconv.FormatUint(uint64(id/endpointMapPorts), 10)
+}
+
 // maxNameLen is the longest chain or set name the kernel accepts
 // (NFT_NAME_MAXLEN minus the terminating NUL).
 const maxNameLen = 255
@@ -63,7 +86,7 @@ type servicePortNames struct {
 	// first, firewall checks loadBalancerSourceRanges.
 	service, local, external, firewall string
 	// serviceMap and localMap are the numgen verdict maps of the two
-	// endpoint-choosing chains.
+	// endpoint-choosing chains of a port with ClientIP affinity.
 	serviceMap, localMap string
 	// comment tags the port's elements in the shared maps.
 	comment string

@@ -48,7 +48,7 @@ type op struct {
 // table.
 func (o op) String() string {
 	setKind := func() string {
-		if o.set != nil && o.set.verdictMap {
+		if o.set != nil && o.set.isMap() {
 			return "map"
 		}
 		return "set"
@@ -133,7 +133,11 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	for _, name := range slices.Sorted(maps.Keys(kt.sets)) {
 		s := sets[name]
 		switch {
-		case s == nil || !s.sameDefinition(kt.sets[name]):
+		case s == nil || !s.sameDefinition(kt.sets[name]) || s.endpointMap():
+			// The endpoint maps are created anew rather than flushed: a
+			// rule that looks a map up makes the kernel walk the map's
+			// elements, flushed ones too, and a full sync rewrites every
+			// such rule.
 			ops = append(ops, op{kind: opDelSet, name: name, set: s})
 		case s.dynamic():
 			keep[name] = true
@@ -203,10 +207,23 @@ type portChange struct {
 
 // incrementalPlan rewrites only the objects of the changed ports: their
 // elements in the shared maps, their chains whose rules changed, their
-// own maps and sets. Chains that disappear are flushed here and returned
-// as stale, to be deleted by a later transaction.
-func incrementalPlan(changes []portChange) (ops []op, stale []string) {
+// own maps and sets, and the hairpin elements whose count (hairpin, as
+// programmed before the changes) drops to zero or rises from it. Chains
+// that disappear are flushed here and returned as stale, to be deleted
+// by a later transaction.
+func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops []op, stale []string) {
 	var delElems, flushChains, setOps, addSets, addChains, addRules, addElems []op
+	// The ports' elements of the service-endpoints maps, by map; an
+	// element that stays the same (key, range and endpoint) is left
+	// alone. The maps are created when their first port appears and
+	// deleted when their last one goes.
+	delEndpoints, addEndpoints := map[string][]element{}, map[string][]element{}
+	endpointMapDefs := map[string]*set{}
+	endpointMapDelta := refCounts{}
+	delHairpin, addHairpin := hairpinChanges(changes, hairpin)
+	if len(delHairpin) > 0 {
+		delElems = append(delElems, op{kind: opDelElems, name: setHairpin, set: &set{name: setHairpin}, elems: delHairpin})
+	}
 	for _, ch := range changes {
 		old, nw := ch.old, ch.new
 		if old == nil {
@@ -227,6 +244,17 @@ func incrementalPlan(changes []portChange) (ops []op, stale []string) {
 			if added := missing(nw.shared[m], old.shared[m]); len(added) > 0 {
 				addElems = append(addElems, op{kind: opAddElems, name: m, set: sharedMap(m), elems: added})
 			}
+		}
+
+		if m := old.endpointMap; m != nil {
+			endpointMapDefs[m.name] = m
+			endpointMapDelta[m.name]--
+			delEndpoints[m.name] = append(delEndpoints[m.name], missing(old.endpointElems, nw.endpointElems)...)
+		}
+		if m := nw.endpointMap; m != nil {
+			endpointMapDefs[m.name] = m
+			endpointMapDelta[m.name]++
+			addEndpoints[m.name] = append(addEndpoints[m.name], missing(nw.endpointElems, old.endpointElems)...)
 		}
 
 		// Own sets and maps. A set whose definition changes is deleted
@@ -278,6 +306,27 @@ func incrementalPlan(changes []portChange) (ops []op, stale []string) {
 			}
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(endpointMapDefs)) {
+		m := endpointMapDefs[name]
+		was := endpointMaps[name]
+		now := was + endpointMapDelta[name]
+		switch {
+		case was > 0 && now <= 0:
+			setOps = append(setOps, op{kind: opDelSet, name: name, set: m})
+			continue
+		case was <= 0 && now > 0:
+			addSets = append(addSets, op{kind: opAddSet, name: name, set: m})
+		}
+		if elems := delEndpoints[name]; len(elems) > 0 && was > 0 {
+			delElems = append(delElems, op{kind: opDelElems, name: name, set: m, elems: elems})
+		}
+		if elems := addEndpoints[name]; len(elems) > 0 {
+			addElems = append(addElems, op{kind: opAddElems, name: name, set: m, elems: elems})
+		}
+	}
+	if len(addHairpin) > 0 {
+		addElems = append(addElems, op{kind: opAddElems, name: setHairpin, set: &set{name: setHairpin}, elems: addHairpin})
+	}
 	// Release references (elements, then rules) before deleting sets;
 	// create sets and chains before the rules and elements naming them.
 	for _, part := range [][]op{delElems, flushChains, setOps, addSets, addChains, addRules, addElems} {
@@ -286,9 +335,42 @@ func incrementalPlan(changes []portChange) (ops []op, stale []string) {
 	return ops, stale
 }
 
+// hairpinChanges returns the hairpin elements the changes remove from the
+// set (their count falls to zero) and add to it (it rises from zero),
+// given the counts before the changes.
+func hairpinChanges(changes []portChange, before refCounts) (del, add []element) {
+	delta := refCounts{}
+	elems := map[string]element{}
+	for _, ch := range changes {
+		if ch.old != nil {
+			for _, e := range ch.old.hairpin {
+				delta[e.text]--
+				elems[e.text] = e
+			}
+		}
+		if ch.new != nil {
+			for _, e := range ch.new.hairpin {
+				delta[e.text]++
+				elems[e.text] = e
+			}
+		}
+	}
+	for _, text := range slices.Sorted(maps.Keys(delta)) {
+		was := before[text]
+		switch now := was + delta[text]; {
+		case was > 0 && now <= 0:
+			del = append(del, elems[text])
+		case was <= 0 && now > 0:
+			add = append(add, elems[text])
+		}
+	}
+	return del, add
+}
+
 // sameSet compares two set definitions of ours.
 func sameSet(a, b *set) bool {
-	return a.keyText == b.keyText && a.verdictMap == b.verdictMap && a.interval == b.interval && a.timeout == b.timeout
+	return a.keyText == b.keyText && a.verdictMap == b.verdictMap && a.dataText == b.dataText &&
+		a.interval == b.interval && a.timeout == b.timeout
 }
 
 // sharedMap returns the definition of a shared map; elements of the

@@ -59,26 +59,102 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
 	changed := svc("ns", "svc-17", "http", "10.96.0.17", 80,
 		ep("10.128.0.17", 8000), ep("10.128.0.17", 8001), ep("10.128.0.17", 9000))
-	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np))
+	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 
-	n := namesFor(target)
-	oldChain, _ := endpointNames(n.base, ports[target].Endpoints[2])
-	newChain, _ := endpointNames(n.base, changed.Endpoints[2])
-	keep0, _ := endpointNames(n.base, changed.Endpoints[0])
-	keep1, _ := endpointNames(n.base, changed.Endpoints[1])
+	// Only the port's range of the replaced endpoint changes: no rule,
+	// no chain, no verdict. The port's cluster choice is id<<1.
+	id := st.rs.ports[target].id
+	choice, m := itoa(int32(id<<1)), endpointMapName(id)
 	want := []string{
-		"flush chain " + oldChain,
-		"flush map " + n.serviceMap,
-		"add chain " + newChain,
-		"add rule " + newChain + " ip saddr 10.128.0.17 jump mark-for-masquerade",
-		"add rule " + newChain + " meta l4proto tcp dnat to 10.128.0.17:9000",
-		fmt.Sprintf("add element %s { 0 : goto %s, 1 : goto %s, 2 : goto %s }", n.serviceMap, keep0, keep1, newChain),
+		"delete element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 8002 }",
+		"add element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 9000 }",
 	}
 	if got := opStrings(ops); !slices.Equal(got, want) {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if !slices.Equal(stale, []string{oldChain}) {
-		t.Errorf("stale chains %v, want [%s]", stale, oldChain)
+	if len(stale) != 0 {
+		t.Errorf("stale chains %v, want none", stale)
+	}
+}
+
+// TestEndpointChangesAddNoRule checks the claim the design rests on: for
+// a service without affinity, no endpoint change (add, remove, replace,
+// all gone but one) adds a rule, a chain or a verdict-map element, which
+// would make the kernel re-validate the whole table.
+func TestEndpointChangesAddNoRule(t *testing.T) {
+	np := newNodePolicy(ipv4, testConfig)
+	ports := manyPorts(20, 3)
+	st := stateOf(ports, np)
+	target := model.ServicePortName{Namespace: "ns", Name: "svc-7", Port: "http", Protocol: "TCP"}
+	for _, eps := range [][]func(*model.ServicePort){
+		{ep("10.128.0.7", 8000), ep("10.128.0.7", 8001), ep("10.128.0.7", 8002), ep("10.128.9.9", 80)},
+		{ep("10.128.0.7", 8000)},
+		{ep("10.128.5.5", 8000, terminating(true))},
+		{ep("10.128.0.7", 8000), ep("10.128.6.6", 8000, local)},
+	} {
+		next := withPort(ports, svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...))
+		ops, _ := incrementalPlan(planChanges(ipv4, st, next, model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+		if len(ops) == 0 {
+			t.Errorf("no ops for a changed port")
+		}
+		for _, o := range ops {
+			switch {
+			case o.kind == opAddRule, o.kind == opAddChain, o.kind == opAddSet:
+				t.Errorf("endpoint change: %s", o)
+			case o.kind == opAddElems && slices.ContainsFunc(o.elems, func(e element) bool { return e.verdict != nil }):
+				t.Errorf("endpoint change adds a verdict: %s", o)
+			}
+		}
+	}
+}
+
+func TestHairpinRefCounts(t *testing.T) {
+	np := newNodePolicy(ipv4, testConfig)
+	// Two services share endpoint address 10.244.1.2 (on two ports).
+	a := svc("ns", "a", "http", "10.96.0.1", 80, ep("10.244.1.2", 80), ep("10.244.1.3", 80))
+	b := svc("ns", "b", "http", "10.96.0.2", 80, ep("10.244.1.2", 81))
+	st := stateOf(portsOf(a, b), np)
+	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.hairpin, want) {
+		t.Fatalf("hairpin counts %v, want %v", st.rs.hairpin, want)
+	}
+	step := func(next *model.ServicePort, wantOps ...string) {
+		t.Helper()
+		ports := portsOf(a, b)
+		ports[next.Name] = next
+		changes := planChanges(ipv4, st, ports, model.ChangeSet{next.Name: {}}, np)
+		ops, _ := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
+		var got []string
+		for _, o := range ops {
+			if o.name == setHairpin {
+				got = append(got, o.String())
+			}
+		}
+		if !slices.Equal(got, wantOps) {
+			t.Errorf("hairpin ops %q, want %q", got, wantOps)
+		}
+		// What Backend.incremental does after a commit.
+		for _, ch := range changes {
+			st.rs.hairpin.add(ch.old.hairpin, -1)
+			st.rs.hairpin.add(ch.new.hairpin, 1)
+			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
+			st.rs.endpointMaps.addEndpointMap(ch.new, 1)
+			st.rs.ports[ch.name] = ch.new
+		}
+		if next.Name == a.Name {
+			a = next
+		} else {
+			b = next
+		}
+	}
+	// a drops 10.244.1.2: b still has it, only 10.244.1.3 stays with a.
+	step(svc("ns", "a", "http", "10.96.0.1", 80, ep("10.244.1.3", 80)))
+	// b moves to 10.244.1.4: 10.244.1.2 has no holder left.
+	step(svc("ns", "b", "http", "10.96.0.2", 80, ep("10.244.1.4", 81)),
+		"delete element hairpin-endpoints { 10.244.1.2 . 10.244.1.2 }",
+		"add element hairpin-endpoints { 10.244.1.4 . 10.244.1.4 }")
+	// A full render agrees with the counts kept incrementally.
+	if full := stateOf(portsOf(a, b), np); !maps.Equal(full.rs.hairpin, st.rs.hairpin) {
+		t.Errorf("incremental counts %v, full render %v", st.rs.hairpin, full.rs.hairpin)
 	}
 }
 
@@ -97,11 +173,32 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	cc.AffinityTimeout = time.Hour
 	next[c] = &cc
 	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, np)
-	ops, stale := incrementalPlan(changes)
+	ops, stale := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
 
 	allowed := []string{namesFor(a).base, namesFor(b).base, namesFor(c).base}
 	for _, o := range ops {
 		s := o.String()
+		if strings.HasPrefix(o.name, prefixEndpointMap) {
+			ids := []string{}
+			for _, name := range []model.ServicePortName{a, b, c} {
+				ids = append(ids, itoa(int32(st.rs.ports[name].id<<1))+" . ")
+			}
+			for _, e := range o.elems {
+				if !slices.ContainsFunc(ids, func(p string) bool { return strings.HasPrefix(e.text, p) }) {
+					t.Errorf("op touches another port's endpoint: %s", s)
+				}
+			}
+			continue
+		}
+		if o.name == setHairpin {
+			// a's and b's endpoints go (no other port has them).
+			for _, e := range o.elems {
+				if !strings.HasPrefix(e.text, ports[a].Endpoints[0].IP.String()+" ") && !strings.HasPrefix(e.text, ports[b].Endpoints[0].IP.String()+" ") {
+					t.Errorf("op touches another port's hairpin element: %s", s)
+				}
+			}
+			continue
+		}
 		if sharedMaps[o.name] {
 			// Elements of shared maps must all belong to a changed port.
 			for _, e := range o.elems {
@@ -120,7 +217,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		// a: cluster IP goes from its service chain to reject.
 		"delete element service-ips { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(a).service,
 		"add element no-endpoint-services { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto reject-chain",
-		"delete map " + namesFor(a).serviceMap,
+		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + itoa(int32(st.rs.ports[a].id<<1)) + " . 0-32767 : ",
 		// b: gone entirely.
 		"delete element service-ips { " + ports[b].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(b).service,
 		"flush chain " + namesFor(b).service,
@@ -132,9 +229,9 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			t.Errorf("plan lacks %q:\n%s", want, got)
 		}
 	}
-	// a's and b's service chains and endpoint chains (2 each) are stale.
-	if len(stale) != 6 {
-		t.Errorf("stale chains %v, want 6", stale)
+	// a's and b's service chains are stale (they have no endpoint chains).
+	if len(stale) != 2 {
+		t.Errorf("stale chains %v, want 2", stale)
 	}
 }
 
@@ -143,7 +240,7 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	ports := manyPorts(10, 3)
 	st := stateOf(ports, np)
 	name := sortedNames(ports)[4]
-	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np))
+	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 	if len(ops) != 0 || len(stale) != 0 {
 		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)
 	}
@@ -175,7 +272,7 @@ func TestSharedKeyConflicts(t *testing.T) {
 	// An incremental sync of the second port keeps away from the key.
 	st := &familyState{rs: rs, claims: claims}
 	second2 := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80), ep("10.244.1.3", 80))
-	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, np))
+	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 	if len(ops) == 0 {
 		t.Fatal("no ops for a changed port")
 	}

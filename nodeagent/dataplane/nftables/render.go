@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strconv"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -31,18 +32,37 @@ func newNodePolicy(f *family, cfg dataplane.NodeConfig) *dataplane.NodePolicy {
 
 // render describes the whole table of family f for the model's ports of
 // that family, as np (the node's policy for that family) decides them. It
-// is pure: the same input always gives the same ruleset.
+// is pure: the same input always gives the same ruleset. Ports are
+// numbered (portObjects.id) in name order.
 // When two ports claim the same key in a shared map (two services with
 // one external IP and port), the first by name keeps it; claims records
 // who holds which key.
 func render(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) (rs *ruleset, claims claimIndex) {
-	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports))}
+	return renderIDs(f, ports, np, nil)
+}
+
+// renderIDs is render with the ports' ids taken from ids where it has
+// them (the others get ids above all of those): what a table synced
+// incrementally since its last full sync must hold.
+func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy,
+	ids map[model.ServicePortName]uint32) (rs *ruleset, claims claimIndex) {
+	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports)), hairpin: refCounts{}, endpointMaps: refCounts{}, nextID: 1}
+	for _, id := range ids {
+		rs.nextID = max(rs.nextID, id+1)
+	}
 	rs.chains, rs.sets = renderFixed(f, np)
 	claims = claimIndex{}
 	for _, name := range sortedNames(ports) {
-		objs := renderPort(f, ports[name], np)
+		id, ok := ids[name]
+		if !ok {
+			id = rs.nextID
+			rs.nextID++
+		}
+		objs := renderPort(f, ports[name], np, id)
 		claims.claim(name, objs)
 		rs.ports[name] = objs
+		rs.hairpin.add(objs.hairpin, 1)
+		rs.endpointMaps.addEndpointMap(objs, 1)
 	}
 	return rs, claims
 }
@@ -141,6 +161,10 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		regular(chainReject, r().rejectTCP(), r().reject()),
 		regular(chainMarkMasq, r().markSet(np.MasqueradeMark)),
 		regular(chainMasquerading,
+			// Hairpin (an endpoint reached itself through a service) is
+			// marked here, before the mark is tested, so that every
+			// masquerade goes through the one rule below.
+			r().ctDNATAddrPairInSet(setHairpin).markSet(np.MasqueradeMark),
 			r().markUnset(np.MasqueradeMark).ret(),
 			r().markClear(np.MasqueradeMark),
 			r().masquerade()),
@@ -159,6 +183,9 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		vmap(mapNoEndpointServices, addrProtoPort, addrText),
 		vmap(mapServiceIPs, addrProtoPort, addrText),
 		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
+		// Its elements belong to the service ports, counted in
+		// ruleset.hairpin.
+		{name: setHairpin, keyType: nftables.MustConcatSetType(f.addrType, f.addrType), keyText: f.addrType.Name + " . " + f.addrType.Name},
 	}
 	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.addrType, keyText: f.addrType.Name, interval: true}
@@ -204,12 +231,21 @@ func built(rbs []*ruleBuilder) []rule {
 	return rules
 }
 
+// numgenKeyType is the key of the service-endpoints maps: an endpoint
+// choice (32 bits) and a random number (32 bits), one 64-bit key to the
+// kernel.
+var numgenKeyType = func() nftables.SetDatatype {
+	t := nftables.TypeInteger
+	t.Bytes = 8
+	return t
+}()
+
 // renderPort describes the objects of one service port, as np's policy
-// for it decides.
-func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy) *portObjects {
+// for it decides; id numbers the port (portObjects.id).
+func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id uint32) *portObjects {
 	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
-	objs := &portObjects{shared: map[string][]element{}}
+	objs := &portObjects{shared: map[string][]element{}, id: id}
 	proto := protoNumber(sp.Protocol)
 	protoText := protoName(sp.Protocol)
 	r := func() *ruleBuilder { return newRule(f) }
@@ -277,26 +313,34 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy) *por
 
 	// The endpoint-choosing chains, with their maps, and the endpoints.
 	if pol.Cluster != nil {
-		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, pol.Cluster, &pol, pol.Internal == dataplane.TargetCluster)
+		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster, &pol, pol.Internal == dataplane.TargetCluster)
 	}
 	if pol.Local != nil {
-		objs.addPolicyChain(f, sp, n, n.local, n.localMap, pol.Local, &pol, pol.Internal == dataplane.TargetLocal)
+		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local, &pol, pol.Internal == dataplane.TargetLocal)
 	}
+	// Hairpin: an endpoint reaching its own service must see the reply
+	// come from the node, not from itself. The masquerading chain
+	// matches the pairs of the hairpin set, whatever port put them there.
+	seen := map[netip.Addr]bool{}
 	for _, ep := range pol.Endpoints() {
-		chainName, affinity := endpointNames(n.base, ep)
-		c := &chain{name: chainName, rules: []rule{
-			// Hairpin: an endpoint reaching its own service must see the
-			// reply come from the node, not from itself.
-			r().addrIs("saddr", false, ep.IP).jump(chainMarkMasq).build(),
-		}}
-		if sp.AffinityTimeout > 0 {
-			c.rules = append(c.rules, r().updateSaddr(affinity).build())
-			objs.sets = append(objs.sets, &set{name: affinity, keyType: f.addrType, keyText: f.addrType.Name, timeout: sp.AffinityTimeout})
-		}
-		c.rules = append(c.rules, r().dnat(sp.Protocol, ep.IP, ep.Port).build())
-		objs.chains = append(objs.chains, c)
 		objs.endpoints++
+		if !seen[ep.IP] {
+			seen[ep.IP] = true
+			objs.hairpin = append(objs.hairpin, hairpinElement(f, ep.IP))
+		}
+		if sp.AffinityTimeout == 0 {
+			continue
+		}
+		// ClientIP affinity: one chain per endpoint, which records the
+		// client in the endpoint's affinity set and DNATs.
+		chainName, affinity := endpointNames(n.base, ep)
+		objs.chains = append(objs.chains, &chain{name: chainName, rules: []rule{
+			r().updateSaddr(affinity).build(),
+			r().dnat(sp.Protocol, ep.IP, ep.Port).build(),
+		}})
+		objs.sets = append(objs.sets, &set{name: affinity, keyType: f.addrType, keyText: f.addrType.Name, timeout: sp.AffinityTimeout})
 	}
+	slices.SortFunc(objs.hairpin, func(a, b element) int { return cmp.Compare(a.text, b.text) })
 	slices.SortFunc(objs.chains, func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
 	slices.SortFunc(objs.sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
 	return objs
@@ -331,12 +375,25 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 	return c
 }
 
-// addPolicyChain adds a chain choosing one of eps at random (after
-// ClientIP affinity, if any), and its numgen map. When the chain is the
-// cluster IP's target (internal), it first applies the policy's
-// masquerading of cluster-IP traffic.
+// addPolicyChain adds a chain choosing one of eps at random, and the map
+// it chooses with. When the chain is the cluster IP's target (internal),
+// it first applies the policy's masquerading of cluster-IP traffic.
+//
+// Without ClientIP affinity, the chain ends with one rule that never
+// changes: DNAT to the address and port the port's service-endpoints map
+// holds for "choice . n", n a random number in [0, numgenRange) and
+// choice this chain's number (the port's id, and which of its two
+// chains), the map splitting the range among the endpoints. An endpoint
+// change rewrites the port's elements of the map only, which (unlike a
+// new rule or a verdict-map element that jumps) does not make the kernel
+// re-validate the table. A map serves endpointMapPorts ports, see there
+// why.
+//
+// With affinity, the chain first sends clients found in an endpoint's
+// affinity set to that endpoint's chain, then picks an endpoint chain
+// through a numgen verdict map: the endpoint chain records the client.
 func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
-	eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
+	choice uint32, eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
 	r := func() *ruleBuilder { return newRule(f) }
 	c := &chain{name: name}
 	if internal && pol.ClusterIP.IsValid() {
@@ -348,15 +405,58 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 				addrInSet("saddr", true, setClusterCIDRs).jump(chainMarkMasq).build())
 		}
 	}
+	if sp.AffinityTimeout == 0 {
+		if objs.endpointMap == nil {
+			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: numgenKeyType, keyText: "integer . integer", flatKey: true, interval: true,
+				dataType: nftables.MustConcatSetType(f.addrType, nftables.TypeInetService), dataText: f.addrType.Name + " . inet_service"}
+		}
+		objs.endpointElems = append(objs.endpointElems, numgenRanges(f, choice, eps)...)
+		c.rules = append(c.rules, r().dnatNumgenMap(sp.Protocol, choice, objs.endpointMap.name).build())
+		objs.chains = append(objs.chains, c)
+		return
+	}
 	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, hostOrderKey: true}
 	for i, ep := range eps {
 		epChain, affinity := endpointNames(n.base, ep)
-		if sp.AffinityTimeout > 0 {
-			c.rules = append(c.rules, r().addrInSet("saddr", false, affinity).goTo(epChain).build())
-		}
+		c.rules = append(c.rules, r().addrInSet("saddr", false, affinity).goTo(epChain).build())
 		m.elems = append(m.elems, element{key: binaryutil.NativeEndian.PutUint32(uint32(i)), text: itoa(int32(i)), verdict: gotoChain(epChain)})
 	}
 	c.rules = append(c.rules, r().numgenVmap(len(eps), mapName).build())
 	objs.chains = append(objs.chains, c)
 	objs.sets = append(objs.sets, m)
+}
+
+// numgenRanges splits [0, numgenRange) into one nearly equal interval
+// per endpoint (their sizes differ by at most one), each mapped to the
+// endpoint's address . port, as elements "choice . lo-hi" of the
+// service-endpoints map. Endpoints beyond numgenRange get none.
+func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
+	n := min(len(eps), numgenRange)
+	elems := make([]element, 0, n)
+	key := func(v uint32) []byte {
+		return append(binaryutil.BigEndian.PutUint32(choice), binaryutil.BigEndian.PutUint32(v)...)
+	}
+	prefix := strconv.FormatUint(uint64(choice), 10) + " . "
+	for i, ep := range eps[:n] {
+		lo, end := uint32(i*numgenRange/n), uint32((i+1)*numgenRange/n)
+		text := prefix + itoa(int32(lo)) + "-" + itoa(int32(end-1))
+		if end-1 == lo {
+			text = prefix + itoa(int32(lo))
+		}
+		port := uint16(ep.Port)
+		elems = append(elems, element{
+			key:      key(lo),
+			keyEnd:   key(end),
+			text:     text,
+			data:     append(f.bytes(ep.IP), byte(port>>8), byte(port), 0, 0),
+			dataText: ep.IP.String() + " . " + itoa(ep.Port),
+		})
+	}
+	return elems
+}
+
+// hairpinElement is the hairpin set's element for an endpoint address:
+// the pair "address . address", a connection from the endpoint to itself.
+func hairpinElement(f *family, ip netip.Addr) element {
+	return element{key: append(f.bytes(ip), f.bytes(ip)...), text: ip.String() + " . " + ip.String()}
 }

@@ -137,6 +137,47 @@ func (r *ruleBuilder) numgenVmap(n int, m string) *ruleBuilder {
 		&expr.Lookup{SourceRegister: reg1, SetName: m, IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT})
 }
 
+// numgenRange is the modulus of dnatNumgenMap's random number: fixed, so
+// that the rule never changes when endpoints come and go; the map splits
+// [0, numgenRange) among the endpoints.
+const numgenRange = 65536
+
+// dnatNumgenMap DNATs protocol proto's packets to the address and port
+// that data map m holds for the key "choice . n", n a random number in
+// [0, numgenRange). The map's keys are intervals, which the kernel
+// compares as big-endian bytes, so n (host byte order) is converted
+// first, as nft itself does for "typeof numgen ..."; choice is written
+// big-endian to begin with.
+func (r *ruleBuilder) dnatNumgenMap(proto corev1.Protocol, choice uint32, m string) *ruleBuilder {
+	return r.add(fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", protoName(proto), r.f.name, choice, numgenRange, m),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{protoNumber(proto)}},
+		&expr.Immediate{Register: reg1, Data: binaryutil.BigEndian.PutUint32(choice)},
+		&expr.Numgen{Register: unix.NFT_REG32_01, Modulus: numgenRange, Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: unix.NFT_REG32_01, DestRegister: unix.NFT_REG32_01, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Lookup{SourceRegister: reg1, SetName: m, IsDestRegSet: true, DestRegister: reg1},
+		// The map's value is address . port: the port sits in the
+		// register after the address, as in a concatenated key.
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.f.natFamily, RegAddrMin: reg1, RegProtoMin: r.f.concatProto, Specified: true})
+}
+
+// ctDNATAddrPairInSet matches connections that were DNATed and whose
+// source . destination address pair is in set.
+func (r *ruleBuilder) ctDNATAddrPairInSet(set string) *ruleBuilder {
+	return r.add(fmt.Sprintf("ct status dnat %s saddr . %s daddr @%s", r.f.name, r.f.name, set),
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		r.loadAddr("saddr", reg1),
+		r.loadAddr("daddr", r.f.concatProto),
+		&expr.Lookup{SourceRegister: reg1, SetName: set})
+}
+
+// ipsDstNAT is IPS_DST_NAT (linux/netfilter/nf_conntrack_common.h): the
+// connection's destination was translated.
+const ipsDstNAT = 1 << 5
+
 // updateSaddr adds the source address to a timeout set, or refreshes its
 // timeout if it is there.
 func (r *ruleBuilder) updateSaddr(set string) *ruleBuilder {

@@ -23,6 +23,40 @@ type ruleset struct {
 	chains []*chain
 	sets   []*set
 	ports  map[model.ServicePortName]*portObjects
+	// nextID is the id the next new port gets (portObjects.id).
+	nextID uint32
+	// endpointMaps counts, for each service-endpoints map, the ports that
+	// use it: the map exists while its count is above zero.
+	endpointMaps refCounts
+	// hairpin counts, for each element of the hairpin set (by text), the
+	// service ports whose endpoints put it there. An element is in the
+	// kernel exactly while its count is above zero.
+	hairpin refCounts
+}
+
+// refCounts counts holders of set elements, by element text.
+type refCounts map[string]int
+
+// add adds d to the count of each of elems, forgetting those that reach
+// zero.
+func (rc refCounts) add(elems []element, d int) {
+	for _, e := range elems {
+		rc.addKey(e.text, d)
+	}
+}
+
+// addKey adds d to the count of key, forgetting it if it reaches zero.
+func (rc refCounts) addKey(key string, d int) {
+	if rc[key] += d; rc[key] <= 0 {
+		delete(rc, key)
+	}
+}
+
+// addEndpointMap counts objs' service-endpoints map, if any, d times.
+func (rc refCounts) addEndpointMap(objs *portObjects, d int) {
+	if objs.endpointMap != nil {
+		rc.addKey(objs.endpointMap.name, d)
+	}
 }
 
 // portObjects are the objects one service port owns.
@@ -33,7 +67,22 @@ type portObjects struct {
 	sets []*set
 	// shared holds the port's elements in the shared maps, by map name.
 	shared map[string][]element
-	// endpoints is the number of endpoint chains.
+	// id numbers the port within its ruleset: its endpoint choices' keys
+	// in the service-endpoints map start with id<<1 (cluster) and
+	// id<<1|1 (local). It stays the same while the port exists, so that
+	// the rules naming it do not change.
+	id uint32
+	// endpointMap is the definition of the service-endpoints map the
+	// port's chains DNAT with (shared with other ports: see
+	// endpointMapPorts), nil if they do not (no endpoints, or ClientIP
+	// affinity); endpointElems are the port's elements in it.
+	endpointMap   *set
+	endpointElems []element
+	// hairpin are the port's elements of the hairpin set (one "ep . ep"
+	// pair per distinct endpoint address). Several ports share elements:
+	// the ruleset counts how many ports hold each (see ruleset.hairpin).
+	hairpin []element
+	// endpoints is the number of distinct endpoints the port DNATs to.
 	endpoints int
 }
 
@@ -60,8 +109,19 @@ type set struct {
 	keyText string
 	// verdictMap maps keys to verdicts.
 	verdictMap bool
-	// interval sets hold prefixes.
+	// dataType, when dataText is not empty, makes the set a data map
+	// whose elements carry a value of that type (element.data);
+	// dataText is the type in nft's syntax.
+	dataType nftables.SetDatatype
+	dataText string
+	// interval sets hold prefixes, or ranges of integers.
 	interval bool
+	// flatKey says a key written as a concatenation (keyText has " . ")
+	// is declared to the kernel as one plain key of its whole length, not
+	// as a concatenation: an interval set of such keys then uses the
+	// kernel's rbtree (ranges of one big-endian number) rather than its
+	// pipapo backend, whose size grows with the ranges' bit patterns.
+	flatKey bool
 	// hostOrderKey keys (numgen results) are in host byte order.
 	hostOrderKey bool
 	// timeout > 0 makes a set the packet path fills itself (affinity): its
@@ -73,11 +133,20 @@ type set struct {
 // dynamic says the kernel, not the sync, writes the set's elements.
 func (s *set) dynamic() bool { return s.timeout > 0 }
 
+// dataMap says the set maps keys to data (not verdicts).
+func (s *set) dataMap() bool { return s.dataText != "" }
+
+// endpointMap says the set is one of the service-endpoints maps.
+func (s *set) endpointMap() bool { return strings.HasPrefix(s.name, prefixEndpointMap) }
+
+// isMap says the set is a map of either kind.
+func (s *set) isMap() bool { return s.verdictMap || s.dataMap() }
+
 // sameDefinition says whether a set found in the kernel can be kept for
 // s: same kind, same flags and, where the library reports it reliably,
 // same key length and timeout.
 func (s *set) sameDefinition(k *nftables.Set) bool {
-	if k.IsMap != s.verdictMap || k.Interval != s.interval || k.HasTimeout != s.dynamic() ||
+	if k.IsMap != s.isMap() || k.Interval != s.interval || k.HasTimeout != s.dynamic() ||
 		k.Concatenation != s.concat() {
 		return false
 	}
@@ -85,22 +154,40 @@ func (s *set) sameDefinition(k *nftables.Set) bool {
 		return false
 	}
 	// google/nftables overwrites the key type of a verdict map with the
-	// data type when it parses one, so only plain sets' keys compare.
-	return s.verdictMap || k.KeyType.Bytes == s.keyType.Bytes
+	// data type when it parses one, so a verdict map's key does not
+	// compare; a data map's key and data do.
+	switch {
+	case s.verdictMap:
+		return !kernelDataMap(k)
+	case s.dataMap():
+		return kernelDataMap(k) && k.KeyType.Bytes == s.keyType.Bytes && k.DataType.Bytes == s.dataType.Bytes
+	}
+	return k.KeyType.Bytes == s.keyType.Bytes
 }
 
-func (s *set) concat() bool { return strings.Contains(s.keyText, " . ") }
+// kernelDataMap says whether a set the kernel listed is a data map: the
+// library names the data type of a data map, not of a verdict map.
+func kernelDataMap(k *nftables.Set) bool {
+	return k.IsMap && k.DataType.Name != "" && k.DataType.Name != nftables.TypeVerdict.Name
+}
+
+func (s *set) concat() bool { return !s.flatKey && strings.Contains(s.keyText, " . ") }
 
 // element is one element of a set or map.
 type element struct {
 	key []byte
-	// keyEnd, in interval sets, is the first address after the prefix,
-	// nil when the prefix runs to the end of the address space.
+	// keyEnd, in interval sets, is the first key after the interval
+	// (the first address after a prefix), nil when the interval runs to
+	// the end of the key space.
 	keyEnd []byte
 	// text is the key in nft's syntax.
 	text    string
 	verdict *verdict
-	comment string
+	// data is the value of a data-map element; dataText the same in
+	// nft's syntax.
+	data     []byte
+	dataText string
+	comment  string
 }
 
 // verdict is the value of a verdict-map element.
@@ -129,6 +216,9 @@ func (e element) String() string {
 	s := e.text
 	if e.verdict != nil {
 		s += " : " + e.verdict.String()
+	}
+	if e.dataText != "" {
+		s += " : " + e.dataText
 	}
 	if e.comment != "" {
 		s += fmt.Sprintf(" comment %q", e.comment)
