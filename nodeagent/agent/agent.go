@@ -206,6 +206,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.AdoptKubeProxy {
 		kubeProxy = &kubeProxyLeftovers{s: &cleanup.Sweeper{NS: ns}}
 	}
+	phases := newPhaseReporter(reporter)
 	sw := switcher.New(switcher.Config{
 		Fanout:     fanout,
 		Backend:    a.backend,
@@ -214,7 +215,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		Prober:     &probe.Prober{NS: ns, Attempts: 2},
 		NodeIPs:    a.probeIPs,
 		KubeProxy:  kubeProxy,
-		Report:     reporter,
+		Report:     phases,
 		StopAt:     opts.TestStopAtPhase,
 		FailVerify: opts.TestFailVerify,
 	}, a.current().desire)
@@ -227,6 +228,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := syncloop.NewMetrics(reg)
+	reg.MustRegister(phases.phase)
 	fanout.SetOnPrimary(func(p switcher.PrimarySync) {
 		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err})
 		metrics.RecordSync(p.Full, p.Duration, p.Counts, p.Err)

@@ -60,6 +60,32 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var endpoints []discoveryv1.Endpoint
+	for _, p := range pods {
+		endpoints = append(endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(nodeName), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
+	}
+	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   endpoints,
+		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent starts with the Service in place, so that its first
+	// switch verifies through it (the API server's own "kubernetes"
+	// Service is not reachable from the lab node).
 	metrics, healthz := freeAddr(t), freeAddr(t)
 	done := make(chan error, 1)
 	go func() {
@@ -86,29 +112,6 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 			t.Errorf("agent: %v", err)
 		}
 	})
-
-	svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{
-			Type:  corev1.ServiceTypeNodePort,
-			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var endpoints []discoveryv1.Endpoint
-	for _, p := range pods {
-		endpoints = append(endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(nodeName), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
-	}
-	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   endpoints,
-		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 
 	clusterIP := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
 	nodePort := netip.AddrPortFrom(netlab.NodeIP, uint16(svc.Spec.Ports[0].NodePort))
@@ -145,9 +148,20 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 	if code, body := get("http://" + healthz + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	code, body := get("http://" + metrics + "/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d", code)
+	// The switch to nftables ends Active, which the metrics show.
+	const active = `proxyshift_node_phase{mode="nftables",phase="Active"} 1`
+	var code int
+	var body string
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if code, body = get("http://" + metrics + "/metrics"); code == http.StatusOK && strings.Contains(body, active) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics: %d, without %s", code, active)
+		}
+	}
+	if strings.Count(body, "proxyshift_node_phase{") != 1 {
+		t.Errorf("/metrics shows more than one phase:\n%s", body)
 	}
 	for _, m := range []string{"proxyshift_sync_proxy_rules_duration_seconds_bucket", "proxyshift_network_programming_duration_seconds_count", "proxyshift_sync_proxy_rules_last_timestamp_seconds", "proxyshift_programmed_services"} {
 		if !strings.Contains(body, m) {

@@ -122,9 +122,10 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return fail(fmt.Errorf("first sync: %w", err))
 	}
 	res.FirstSync = time.Since(start)
-	// The changes start once the program's metrics show its first sync
-	// and stand still: a program still busy starting up (proxyshift
-	// verifies a mode before it reports it serving) is not measured then.
+	// The changes start once the program's metrics show its first sync,
+	// say it is ready and stand still: a program still busy starting up
+	// (proxyshift verifies a mode before it calls a switch done) is not
+	// measured then.
 	synced, err := settledSyncs(ctx, run, plan.SyncTimeout)
 	if err != nil {
 		return fail(err)
@@ -200,16 +201,16 @@ func waitAnswer(ctx context.Context, node *Node, run *Running, addr netip.AddrPo
 	}
 }
 
-// settledSyncs reads the sync histogram until it shows a sync and two
-// reads 300 ms apart agree, so that a sync still being recorded is
-// counted; it gives up after timeout.
+// settledSyncs reads the sync histogram until it shows a sync, the
+// program says it is ready, and two reads 300 ms apart agree, so that a
+// sync still being recorded is counted; it gives up after timeout.
 func settledSyncs(ctx context.Context, run *Running, timeout time.Duration) (Histogram, error) {
 	deadline := time.Now().Add(timeout)
-	prev, err := run.Syncs(ctx)
+	prev, _, err := run.Syncs(ctx)
 	for err == nil && time.Now().Before(deadline) {
 		time.Sleep(300 * time.Millisecond)
-		var cur Histogram
-		if cur, err = run.Syncs(ctx); err == nil && cur == prev && cur.Count > 0 {
+		cur, ready, err2 := run.Syncs(ctx)
+		if err = err2; err == nil && ready && cur == prev && cur.Count > 0 {
 			return cur, nil
 		}
 		prev = cur

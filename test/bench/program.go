@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -30,6 +31,9 @@ type Program struct {
 	args func(mode, dir string) ([]string, error)
 	// syncMetric names the histogram of every sync's duration.
 	syncMetric string
+	// readyLine, if set, is the metrics line (with %s for the mode) that
+	// says the program has finished starting up.
+	readyLine string
 }
 
 // The programs' metrics and health endpoints, on the node namespace's
@@ -83,6 +87,8 @@ nftables:
 // the mode, with the same settings as kube-proxy.
 func Proxyshift(path string) Program {
 	return Program{Name: "proxyshift", Path: path, syncMetric: "proxyshift_sync_proxy_rules_duration_seconds",
+		// The agent verifies a mode before it calls the switch done.
+		readyLine: `proxyshift_node_phase{mode="%s",phase="Active"} 1`,
 		args: func(mode, dir string) ([]string, error) {
 			return []string{
 				"--kubeconfig", filepath.Join(dir, "kubeconfig"), "--node-name", NodeName,
@@ -96,6 +102,7 @@ func Proxyshift(path string) Program {
 // Running is a program started in a node namespace.
 type Running struct {
 	Program Program
+	mode    string
 	node    *Node
 	proc    *cluster.Process
 	http    *http.Client
@@ -116,7 +123,7 @@ func (p Program) Start(node *Node, mode, dir, adminKubeconfig string) (*Running,
 	if err := proc.Start(); err != nil {
 		return nil, err
 	}
-	return &Running{Program: p, node: node, proc: proc,
+	return &Running{Program: p, mode: mode, node: node, proc: proc,
 		http: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: node.NS.DialContext}}}, nil
 }
 
@@ -185,23 +192,35 @@ func (h Histogram) Mean() time.Duration {
 	return time.Duration(h.Sum / float64(h.Count) * float64(time.Second))
 }
 
-// Syncs reads the program's sync-duration histogram from its metrics,
-// summed over its labels (sync kind, IP family).
-func (r *Running) Syncs(ctx context.Context) (Histogram, error) {
+// metrics fetches the program's metrics page.
+func (r *Running) metrics(ctx context.Context) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
 	if err != nil {
-		return Histogram{}, err
+		return nil, err
 	}
 	resp, err := r.http.Do(req)
 	if err != nil {
-		return Histogram{}, err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return Histogram{}, fmt.Errorf("%s metrics: %s: %s", r.Program.Name, resp.Status, b)
+		return nil, fmt.Errorf("%s metrics: %s: %.512s", r.Program.Name, resp.Status, b)
 	}
-	return histogram(resp.Body, r.Program.syncMetric)
+	return b, err
+}
+
+// Syncs reads the program's sync-duration histogram from its metrics,
+// summed over its labels (sync kind, IP family), and whether the program
+// says it has finished starting up.
+func (r *Running) Syncs(ctx context.Context) (Histogram, bool, error) {
+	b, err := r.metrics(ctx)
+	if err != nil {
+		return Histogram{}, false, err
+	}
+	ready := r.Program.readyLine == "" || bytes.Contains(b, []byte(fmt.Sprintf(r.Program.readyLine, r.mode)))
+	h, err := histogram(bytes.NewReader(b), r.Program.syncMetric)
+	return h, ready, err
 }
 
 // histogram sums the histogram called name in a Prometheus text exposition.
