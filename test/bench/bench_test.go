@@ -98,6 +98,17 @@ func TestReportTargets(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
+	// A first sync that timed out is a lower bound, and the rows that
+	// need it are left out.
+	timedOut := append(sampleResults(), Result{Program: "kube-proxy", Mode: "iptables", Services: 20000, FirstSync: 5 * time.Minute, TimedOut: true},
+		Result{Program: "proxyshift", Mode: "iptables", Services: 20000, FirstSync: time.Minute, ConnectFirst: []time.Duration{1}, ConnectLast: []time.Duration{1}})
+	md2 := (&Report{Results: timedOut}).Markdown()
+	if want := "| first full sync, 20000 services (until the last answers) | > 300.00 s (gave up) | 60.00 s | < 0.20 | <= 1.0x kube-proxy: met |"; !strings.Contains(md2, want) {
+		t.Errorf("report lacks %q:\n%s", want, md2)
+	}
+	if strings.Contains(md2, "change sync, 20000") || strings.Contains(md2, "service of 20000") {
+		t.Errorf("rows measured after a timed-out first sync:\n%s", md2)
+	}
 	// The 1k nftables full sync has no target (the target is at the
 	// largest size only).
 	if !strings.Contains(md, "| first full sync, 1000 services (until the last answers) | 2.00 s | 700.0 ms | 0.35 |  |") {

@@ -23,7 +23,7 @@ func (r *Report) Chart(path string) error {
 		for _, prog := range []string{"kube-proxy", "proxyshift"} {
 			var pts plotter.XYs
 			for _, n := range r.sizes() {
-				if res, ok := r.lookup(prog, mode, n); ok {
+				if res, ok := r.lookup(prog, mode, n); ok && !res.TimedOut {
 					pts = append(pts, plotter.XY{X: float64(n), Y: res.FirstSync.Seconds()})
 				}
 			}

@@ -19,6 +19,9 @@ type Result struct {
 	// answers, measured from outside (it includes start-up and the
 	// initial list of every Service and EndpointSlice).
 	FirstSync time.Duration
+	// TimedOut says the last Service did not answer within FirstSync (the
+	// plan's SyncTimeout); nothing else was measured then.
+	TimedOut bool
 	// FirstSyncMetric is the time the program's own metrics account to
 	// its syncs up to that point, over FirstSyncs syncs.
 	FirstSyncMetric time.Duration
@@ -42,8 +45,10 @@ type Result struct {
 type Plan struct {
 	// Sizes are the Service counts, ascending.
 	Sizes []int
-	// Modes are the dataplane modes, run for each size.
-	Modes []string
+	// Modes are the dataplane modes, run for each size up to the mode's
+	// MaxSize (no limit when absent or 0).
+	Modes   []string
+	MaxSize map[string]int
 	// Programs run one after the other in each mode.
 	Programs []Program
 	// Changes is the number of endpoint changes per run.
@@ -75,6 +80,9 @@ func Run(ctx context.Context, lab *Lab, objs *Objects, plan Plan) ([]Result, err
 		}
 		plan.Logf("%d Services with their EndpointSlices in the API server (%s)", n, time.Since(start).Round(time.Millisecond))
 		for _, mode := range plan.Modes {
+			if m := plan.MaxSize[mode]; m > 0 && n > m {
+				continue
+			}
 			for _, prog := range plan.Programs {
 				res, err := measure(ctx, lab, objs, plan, prog, mode, n)
 				if err != nil {
@@ -90,6 +98,9 @@ func Run(ctx context.Context, lab *Lab, objs *Objects, plan Plan) ([]Result, err
 
 // Summary is one line describing the result.
 func (r Result) Summary() string {
+	if r.TimedOut {
+		return fmt.Sprintf("%-10s %-8s %5d services: the last Service did not answer within %s", r.Program, r.Mode, r.Services, r.FirstSync)
+	}
 	return fmt.Sprintf("%-10s %-8s %5d services: first sync %s (metrics %s in %d), change sync %s, programming p50 %s p99 %s, connect first p50 %s last p50 %s, peak RSS %d MiB",
 		r.Program, r.Mode, r.Services, round(r.FirstSync), round(r.FirstSyncMetric), r.FirstSyncs, round(r.ChangeSync),
 		round(Percentile(r.Latency, 50)), round(Percentile(r.Latency, 99)),
@@ -119,7 +130,11 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 
 	// First sync: until the last Service answers.
 	if _, err := waitAnswer(ctx, node, run, ServiceAddr(LastOrdinary(n)), netip.Addr{}, plan.SyncTimeout); err != nil {
-		return fail(fmt.Errorf("first sync: %w", err))
+		if exited, _ := run.Exited(); exited || ctx.Err() != nil || !errors.Is(err, errTimeout) {
+			return fail(fmt.Errorf("first sync: %w", err))
+		}
+		res.FirstSync, res.TimedOut = plan.SyncTimeout, true
+		return res, nil
 	}
 	res.FirstSync = time.Since(start)
 	// The changes start once the program's metrics show its first sync,
@@ -173,6 +188,9 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	return res, nil
 }
 
+// errTimeout marks a wait that ran out of time.
+var errTimeout = errors.New("timed out")
+
 // waitAnswer connects to addr again and again (about once a millisecond)
 // until a backend answers, and, when want is valid, until the answer comes
 // from want. It fails when the program exits or timeout passes.
@@ -192,7 +210,7 @@ func waitAnswer(ctx context.Context, node *Node, run *Running, addr netip.AddrPo
 			return netip.Addr{}, fmt.Errorf("%s exited: %v", run.Program.Name, exitErr)
 		}
 		if time.Now().After(deadline) {
-			return netip.Addr{}, fmt.Errorf("%s not served within %s: %w", addr, timeout, last)
+			return netip.Addr{}, fmt.Errorf("%w: %s not served within %s: %w", errTimeout, addr, timeout, last)
 		}
 		if ctx.Err() != nil {
 			return netip.Addr{}, errors.Join(ctx.Err(), last)

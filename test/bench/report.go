@@ -75,6 +75,17 @@ func (r *Report) lookup(program, mode string, n int) (Result, bool) {
 func (r *Report) modes() []string { return uniq(r.Results, func(x Result) string { return x.Mode }) }
 func (r *Report) sizes() []int    { return uniq(r.Results, func(x Result) int { return x.Services }) }
 
+// sizesOf lists the Service counts measured in mode.
+func (r *Report) sizesOf(mode string) []int {
+	var rs []Result
+	for _, x := range r.Results {
+		if x.Mode == mode {
+			rs = append(rs, x)
+		}
+	}
+	return uniq(rs, func(x Result) int { return x.Services })
+}
+
 func uniq[T comparable](rs []Result, key func(Result) T) []T {
 	var out []T
 	seen := map[T]bool{}
@@ -105,6 +116,28 @@ func durationRow(what string, kp, ps time.Duration, maxRatio float64, maxAbs tim
 	return r
 }
 
+// firstSyncRow compares first syncs, where either may have timed out:
+// a timed-out figure is a lower bound ("> 5m0s"), and so is its ratio.
+func firstSyncRow(what string, kp, ps Result, maxRatio float64) row {
+	r := durationRow(what, kp.FirstSync, ps.FirstSync, maxRatio, 0)
+	switch {
+	case kp.TimedOut && ps.TimedOut:
+		r.kp, r.ps, r.ratio, r.target, r.met = "> "+fmtDuration(kp.FirstSync), "> "+fmtDuration(ps.FirstSync), "-", "", ""
+	case kp.TimedOut:
+		bound := float64(ps.FirstSync) / float64(kp.FirstSync)
+		r.kp, r.ratio = "> "+fmtDuration(kp.FirstSync)+" (gave up)", fmt.Sprintf("< %.2f", bound)
+		if maxRatio > 0 {
+			r.met = metText(bound <= maxRatio)
+		}
+	case ps.TimedOut:
+		r.ps, r.ratio = "> "+fmtDuration(ps.FirstSync)+" (gave up)", fmt.Sprintf("> %.2f", float64(ps.FirstSync)/float64(kp.FirstSync))
+		if maxRatio > 0 {
+			r.met = metText(false)
+		}
+	}
+	return r
+}
+
 func metText(ok bool) string {
 	if ok {
 		return "met"
@@ -118,7 +151,7 @@ func metText(ok bool) string {
 // <= 1.0x and a one-endpoint change <= 0.5x; first packet to the last
 // Service within 10% of the first in nftables mode.
 func (r *Report) rows(mode string) []row {
-	sizes := r.sizes()
+	sizes := r.sizesOf(mode)
 	largest := sizes[len(sizes)-1]
 	nft := mode == "nftables"
 	var out []row
@@ -139,8 +172,19 @@ func (r *Report) rows(mode string) []row {
 		case !nft:
 			ratio = 1.0
 		}
-		out = append(out, durationRow(fmt.Sprintf("first full sync, %d services (until the last answers)", n), kp.FirstSync, ps.FirstSync, ratio, 0))
+		out = append(out, firstSyncRow(fmt.Sprintf("first full sync, %d services (until the last answers)", n), kp, ps, ratio))
 	})
+	// Whatever follows needs both programs to have finished their first
+	// sync.
+	each = func(f func(n int, kp, ps Result, atLargest bool)) {
+		for _, n := range sizes {
+			kp, ok1 := r.lookup("kube-proxy", mode, n)
+			ps, ok2 := r.lookup("proxyshift", mode, n)
+			if ok1 && ok2 && !kp.TimedOut && !ps.TimedOut {
+				f(n, kp, ps, n == largest)
+			}
+		}
+	}
 	each(func(n int, kp, ps Result, _ bool) {
 		out = append(out, durationRow(fmt.Sprintf("first full sync, %d services (own metrics; syncs: %d / %d)", n, kp.FirstSyncs, ps.FirstSyncs), kp.FirstSyncMetric, ps.FirstSyncMetric, 0, 0))
 	})
