@@ -106,8 +106,11 @@ func TestReportTargets(t *testing.T) {
 	if want := "| first full sync, 20000 services (until the last answers) | > 300.00 s (gave up) | 60.00 s | < 0.20 | <= 1.0x kube-proxy: met |"; !strings.Contains(md2, want) {
 		t.Errorf("report lacks %q:\n%s", want, md2)
 	}
-	if strings.Contains(md2, "change sync, 20000") || strings.Contains(md2, "service of 20000") {
-		t.Errorf("rows measured after a timed-out first sync:\n%s", md2)
+	if want := "| one-endpoint change sync, 20000 services (own metrics, mean) | - | - | - |  |"; !strings.Contains(md2, want) {
+		t.Errorf("after kube-proxy timed out, proxyshift's rows show with no kube-proxy figure; lacks %q:\n%s", want, md2)
+	}
+	if want := "| peak RSS, 20000 services | - | 0 MiB | - |  |"; !strings.Contains(md2, want) {
+		t.Errorf("lacks %q:\n%s", want, md2)
 	}
 	// The 1k nftables full sync has no target (the target is at the
 	// largest size only).

@@ -174,13 +174,16 @@ func (r *Report) rows(mode string) []row {
 		}
 		out = append(out, firstSyncRow(fmt.Sprintf("first full sync, %d services (until the last answers)", n), kp, ps, ratio))
 	})
-	// Whatever follows needs both programs to have finished their first
-	// sync.
+	// Whatever follows needs proxyshift's first sync to have finished; a
+	// kube-proxy that did not finish shows "-" (no figure) there.
 	each = func(f func(n int, kp, ps Result, atLargest bool)) {
 		for _, n := range sizes {
 			kp, ok1 := r.lookup("kube-proxy", mode, n)
 			ps, ok2 := r.lookup("proxyshift", mode, n)
-			if ok1 && ok2 && !kp.TimedOut && !ps.TimedOut {
+			if ok1 && ok2 && !ps.TimedOut {
+				if kp.TimedOut {
+					kp = Result{Program: kp.Program, Mode: mode, Services: n}
+				}
 				f(n, kp, ps, n == largest)
 			}
 		}
@@ -207,7 +210,11 @@ func (r *Report) rows(mode string) []row {
 		out = append(out, durationRow(fmt.Sprintf("programming latency p99, %d services", n), Percentile(kp.Latency, 99), Percentile(ps.Latency, 99), 0, abs))
 	})
 	each(func(n int, kp, ps Result, _ bool) {
-		out = append(out, row{what: fmt.Sprintf("peak RSS, %d services", n), kp: fmtMiB(kp.PeakRSS), ps: fmtMiB(ps.PeakRSS), ratio: fmt.Sprintf("%.2f", float64(ps.PeakRSS)/float64(max(kp.PeakRSS, 1)))})
+		rw := row{what: fmt.Sprintf("peak RSS, %d services", n), kp: "-", ps: fmtMiB(ps.PeakRSS), ratio: "-"}
+		if kp.PeakRSS > 0 {
+			rw.kp, rw.ratio = fmtMiB(kp.PeakRSS), fmt.Sprintf("%.2f", float64(ps.PeakRSS)/float64(kp.PeakRSS))
+		}
+		out = append(out, rw)
 	})
 	each(func(n int, kp, ps Result, atLargest bool) {
 		if !atLargest {
