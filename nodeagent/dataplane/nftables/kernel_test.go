@@ -21,6 +21,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -757,6 +758,31 @@ func TestKernelAffinityToggles(t *testing.T) {
 		assertProgrammed(t, ns, conn, m, b)
 		if len(b.stale[ipv4]) != 0 {
 			t.Errorf("stale chains left: %v", b.stale[ipv4])
+		}
+	}
+}
+
+// TestKernelNftListsTheTable checks that the nft tool, which a person
+// debugging a node reaches for, reads back what the backend programs: the
+// endpoint maps keyed by numgen ranges included.
+func TestKernelNftListsTheTable(t *testing.T) {
+	ns, _ := kernelNS(t)
+	if _, err := nsexec.LookPath("nft"); err != nil {
+		t.Fatalf("needs nft (Debian package nftables): %v", err)
+	}
+	b := newBackend(t, ns)
+	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: testModel(), Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		out, err := nsexec.NS(ns.FD()).Output(context.Background(), nil, "nft", "list", "table", fam, TableName)
+		if err != nil {
+			t.Fatalf("nft list table %s %s: %v", fam, TableName, err)
+		}
+		for _, want := range []string{"numgen random mod 65536", "dnat " + fam + " to", "service-endpoints-0", "hairpin-endpoints"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("nft list table %s %s lacks %q:\n%s", fam, TableName, want, out)
+			}
 		}
 	}
 }
