@@ -204,6 +204,14 @@ func runSuite(t *testing.T, row backend) {
 	check("cluster-ip", func(t *testing.T) {
 		expectSpread(t, client, netlab.TCP, web, all)
 	})
+	check("hairpin", func(t *testing.T) {
+		// A pod reaching its own Service and landing on itself is
+		// answered: without masquerading, its reply would go straight
+		// back to itself, from its own address instead of the Service's,
+		// and the connection would fail. Each endpoint, pod-a among
+		// them, answers pod-a.
+		expectSpread(t, p.a.NS, netlab.TCP, web, all)
+	})
 	check("session-affinity", func(t *testing.T) {
 		tally := client.Spread(netlab.TCP, svcAddr(stickyIP, 80), requests, okTimeout)
 		if tally.Answered() != requests || len(tally.Answers) != 1 {
