@@ -92,6 +92,10 @@ type Switcher struct {
 	mu      sync.Mutex
 	desire  Desire
 	changed chan struct{}
+	// decidedBy is the desire the current state was decided from (set
+	// by Init and Run only): reports carry its config and generation, not
+	// those of a desire that arrived since and has not been acted on yet.
+	decidedBy Desire
 
 	// failedGen is the generation whose switch failed; failedKey its
 	// mode and settings.
@@ -233,6 +237,7 @@ func (s *Switcher) Init(ctx context.Context) (State, Step, error) {
 		s.mu.Unlock()
 	}
 	st, step := Next(State{}, in, None)
+	s.decidedBy = d
 	for _, m := range in.Present {
 		if step.Action == Rollback && m == step.Mode && step.Restore != m {
 			continue
@@ -284,9 +289,10 @@ func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
 			res = None
 		}
 		var in Input
+		var d Desire
 		var err error
 		for {
-			if in, _, err = s.input(ctx, false); err == nil {
+			if in, d, err = s.input(ctx, false); err == nil {
 				break
 			}
 			klog.ErrorS(err, "Could not read what the kernel holds; retrying")
@@ -298,6 +304,7 @@ func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
 		}
 		prev := st
 		st, step = Next(st, in, res)
+		s.decidedBy = d
 		if st.Phase != prev.Phase || step.Action != Serve {
 			klog.InfoS("Switch step", "from", prev.Phase, "phase", st.Phase, "action", step.Action, "mode", step.Mode, "remove", step.Remove, "restore", step.Restore, "present", in.Present, "desired", in.Desired)
 		}
@@ -323,9 +330,12 @@ func (s *Switcher) flush(ctx context.Context) {
 }
 
 // report hands the state to the reporter and writes it out (within a
-// few seconds: an unreachable API server does not stop a switch).
+// few seconds: an unreachable API server does not stop a switch). The
+// config and generation reported are those the state was decided from:
+// a spec that changed meanwhile is reported once it is acted on, so the
+// operator never reads the end of an older switch as its answer.
 func (s *Switcher) report(ctx context.Context, st State, step Step) {
-	d := s.currentDesire()
+	d := s.decidedBy
 	r := report.Switch{Phase: st.Phase, Target: st.Target, Config: d.Config, Generation: d.Generation}
 	switch {
 	case Switching(st.Phase):
@@ -388,7 +398,7 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 		if !errors.As(err, &fe) {
 			fe = &facts.Error{Reason: reasonFor(step.Action), Message: err.Error()}
 		}
-		d := s.currentDesire()
+		d := s.decidedBy // the failed step was decided from it, whatever arrived since
 		if st.Previous != "" {
 			fe.Message += fmt.Sprintf("; %s keeps serving", st.Previous)
 		}
@@ -447,7 +457,7 @@ func (s *Switcher) prepare(ctx context.Context, st State, step Step) error {
 		s.mu.Unlock()
 		klog.InfoS("Probe baseline through the serving mode", "mode", st.Previous, "targets", len(targets), "answered", len(answered))
 	}
-	return s.cfg.Prepare.Prepare(ctx, step.Mode, s.currentDesire().Scheduler)
+	return s.cfg.Prepare.Prepare(ctx, step.Mode, s.decidedBy.Scheduler)
 }
 
 func (s *Switcher) targets() []probe.Target {
