@@ -364,11 +364,13 @@ func WaitDone(ctx context.Context, c client.Client, name string, gen int64, time
 
 // WaitNodesActive waits (polling, bounded by timeout) until every ProxyNode
 // reports phase Active in mode: the agents have finished the switch they
-// start with. A ProxyConfig applied while they are still in it can fail
-// the rollout: a node counted as updated right after that first switch then
-// starts another one to take up the config's settings, and the operator
-// took that Preparing phase for a failure (seen once, with the reconciler
-// in-process). The tests and the demo wait for the first switch to end.
+// start with, so a migration starts from a settled cluster. (A ProxyConfig
+// applied during that first switch once failed the rollout: the agent
+// reported the first switch's end under the config's generation, so the
+// operator counted the node as updated and took the next switch's
+// Preparing phase for a failure. The switcher now reports a state under
+// the spec it was decided from; see switcher's
+// TestSpecArrivingMidSwitchIsNotAnsweredByIt.)
 func WaitNodesActive(ctx context.Context, c client.Client, mode v1alpha1.ProxyMode, n int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
