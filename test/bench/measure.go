@@ -170,13 +170,13 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	res.ChangeSync, res.ChangeSyncs = delta.Mean(), delta.Count
 
 	// First-packet latency: new connections to the first and the last
-	// ordinary Service.
-	for _, c := range []struct {
-		svc int
-		out *[]time.Duration
-	}{{FirstOrdinary(), &res.ConnectFirst}, {LastOrdinary(n), &res.ConnectLast}} {
-		var last error
-		for range plan.Connects {
+	// ordinary Service, alternately, so that both meet the same machine.
+	var last error
+	for range plan.Connects {
+		for _, c := range []struct {
+			svc int
+			out *[]time.Duration
+		}{{FirstOrdinary(), &res.ConnectFirst}, {LastOrdinary(n), &res.ConnectLast}} {
 			_, connect, err := node.Ask(ctx, ServiceAddr(c.svc), 2*time.Second)
 			if err != nil {
 				res.ConnectFailures++
@@ -186,9 +186,9 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 			*c.out = append(*c.out, connect)
 			time.Sleep(time.Millisecond)
 		}
-		if len(*c.out) == 0 {
-			return fail(fmt.Errorf("no connection to %s answered: %w", ServiceName(c.svc), last))
-		}
+	}
+	if len(res.ConnectFirst) == 0 || len(res.ConnectLast) == 0 {
+		return fail(fmt.Errorf("no connection to %s or to %s answered: %w", ServiceName(FirstOrdinary()), ServiceName(LastOrdinary(n)), last))
 	}
 	if res.PeakRSS, err = run.PeakRSS(); err != nil {
 		return fail(err)
