@@ -91,7 +91,11 @@ func main() {
 		},
 		SettingsBackends: map[v1alpha1.ProxyMode]func(dataplane.NodeConfig, v1alpha1.ProxySettings) (dataplane.Backend, error){
 			v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
-				return ipvs.New(cfg, append(ipvs.SettingsOptions(s.IPVS), ipvs.WithNetNSFd(netnsFd),
+				settings, err := ipvs.SettingsOptions(s.IPVS)
+				if err != nil {
+					return nil, err
+				}
+				return ipvs.New(cfg, append(settings, ipvs.WithNetNSFd(netnsFd),
 					ipvs.WithModuleLoader(&kmod.Kernel{ModulesDir: *modulesDir, ProcModules: *procModules, SysModule: *sysModule}))...)
 			},
 		},

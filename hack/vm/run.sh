@@ -14,9 +14,11 @@
 #
 # Environment:
 #   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
-#   PROXYSHIFT_VM_TIMEOUT=240  seconds before the VM is killed
+#   PROXYSHIFT_VM_TIMEOUT=900  seconds before the VM is killed
 #   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
 #   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
+#   PROXYSHIFT_VM_PACKAGES=RE  only the packages of packages.txt matching RE
+#                              (grep -E)
 #   PROXYSHIFT_VM_BENCH=REGEXP also the benchmarks matching REGEXP
 #                              (-test.bench; make bench-vm sets it)
 #   PROXYSHIFT_VM_BENCHTIME=N  their -test.benchtime (default 1x)
@@ -29,7 +31,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
 VM_CACHE="$CACHE_ROOT/vm"
-TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-240}"
+TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-900}"
 MEMORY="${PROXYSHIFT_VM_MEMORY:-512}"
 LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
 
@@ -51,7 +53,12 @@ ln -s /run "$root/var/run"
 
 # Test binaries, one per package, in the order the VM runs them; each
 # package's testdata comes along, and the binary runs in its directory.
-mapfile -t packages < <(sed 's/#.*//' hack/vm/packages.txt | awk NF)
+# A "bench <pkg>" line is there for its benchmarks only: it is left out
+# unless PROXYSHIFT_VM_BENCH asks for benchmarks.
+mapfile -t packages < <(sed 's/#.*//' hack/vm/packages.txt |
+  awk -v bench="${PROXYSHIFT_VM_BENCH:-}" '$1 == "bench" { if (bench != "") print $2; next } NF { print $1 }' |
+  grep -E -- "${PROXYSHIFT_VM_PACKAGES:-.}")
+[ "${#packages[@]}" -gt 0 ] || { log "no package of hack/vm/packages.txt matches PROXYSHIFT_VM_PACKAGES=$PROXYSHIFT_VM_PACKAGES"; exit 1; }
 for pkg in "${packages[@]}"; do
   bin="$root/tests/${pkg//\//_}.test"
   log "building $pkg"
@@ -66,6 +73,33 @@ done
 cp "$busybox" "$root/bin/busybox"
 for applet in $("$busybox" --list); do
   [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+done
+
+# The host programs of hack/vm/programs.txt (Debian's, installed by
+# hack/install-deps.sh), each as /usr/sbin/<name> linking to its binary,
+# and the listed directories, with every shared library they need (ldd)
+# at its host path.
+copy_elf_deps() {
+  ldd "$1" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
+    [ -e "$root$lib" ] || cp -L --parents "$lib" "$root"
+  done
+}
+mkdir -p "$root/usr/sbin"
+sed 's/#.*//' hack/vm/programs.txt | awk NF | while read -r entry; do
+  case "$entry" in
+    /*)
+      mkdir -p "$root$(dirname "$entry")"
+      cp -a "$entry" "$root$(dirname "$entry")/"
+      find "$entry" -name '*.so*' -type f | while read -r f; do copy_elf_deps "$f"; done
+      ;;
+    *)
+      path="$(command -v "$entry")" || { log "$entry (hack/vm/programs.txt) is not installed"; exit 1; }
+      real="$(readlink -f "$path")"
+      [ -e "$root$real" ] || cp --parents "$real" "$root"
+      [ "$real" = "/usr/sbin/$entry" ] || ln -sf "$real" "$root/usr/sbin/$entry"
+      copy_elf_deps "$real"
+      ;;
+  esac
 done
 
 # The modules tree: the kernel's metadata whole, and the listed module

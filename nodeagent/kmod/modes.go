@@ -24,17 +24,21 @@ var (
 	// DNAT to endpoints and masquerading rest on them.
 	natCore = []string{"nf_conntrack", "nf_nat"}
 
-	// nftablesModules are what the nftables dataplane's rules use, in
-	// ip and ip6 tables: ct state and status (nft_ct), dnat statements
-	// (nft_nat) in nat-type chains (nft_chain_nat), masquerade
-	// (nft_masq), random endpoint choice (nft_numgen), "fib daddr type
-	// local" (nft_fib_ipv4/6) and reject for Services without endpoints
-	// (nft_reject_ipv4/6). Lookups, verdict maps, dynamic sets and
-	// counters are part of nf_tables itself.
-	nftablesModules = []string{
-		"nf_tables", "nft_ct", "nft_nat", "nft_chain_nat", "nft_masq", "nft_numgen",
+	// nftablesCommon are what both the nftables dataplane's rules and
+	// the ipvs dataplane's helper table use, in ip and ip6 tables: ct
+	// state and status (nft_ct), nat-type chains (nft_chain_nat),
+	// masquerade (nft_masq), fib lookups of local addresses
+	// (nft_fib_ipv4/6) and reject for Services without endpoints
+	// (nft_reject_ipv4/6). Lookups, concatenations, ranges, verdict maps,
+	// dynamic sets and counters are part of nf_tables itself.
+	nftablesCommon = []string{
+		"nf_tables", "nft_ct", "nft_chain_nat", "nft_masq",
 		"nft_fib_ipv4", "nft_fib_ipv6", "nft_reject_ipv4", "nft_reject_ipv6",
 	}
+
+	// nftablesModules are what the nftables dataplane adds: dnat
+	// statements (nft_nat) and random endpoint choice (nft_numgen).
+	nftablesModules = []string{"nft_nat", "nft_numgen"}
 
 	// iptablesModules are the matches and targets kube-proxy's iptables
 	// rules use, whichever backend runs them: -m comment, -m mark and -j
@@ -47,18 +51,12 @@ var (
 		"xt_addrtype", "xt_tcpudp", "xt_sctp", "xt_MASQUERADE", "xt_nat", "ipt_REJECT", "ip6t_REJECT",
 	}
 
-	// ipvsModules are the IPVS core (the scheduler is added by mode),
-	// the dummy interface that holds Service IPs, the ipsets the helper
-	// rules match (hash:ip,port for cluster and external IPs,
-	// hash:ip,port,ip for hairpin, hash:ip,port,net for source ranges,
-	// bitmap:port for NodePorts) and the iptables matches of those helper
-	// rules (-m set, -m comment, -m mark, -m conntrack, -m addrtype,
-	// -j MASQUERADE).
-	ipvsModules = []string{
-		"ip_vs", "dummy",
-		"ip_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_hash_ipportnet", "ip_set_bitmap_port",
-		"x_tables", "xt_set", "xt_comment", "xt_mark", "xt_conntrack", "xt_addrtype", "xt_tcpudp", "xt_MASQUERADE",
-	}
+	// ipvsModules are the IPVS core (the scheduler is added by mode) and
+	// the dummy interface that holds Service IPs. The ipvs dataplane
+	// filters and masquerades with an nftables helper table
+	// (nodeagent/dataplane/ipvs), which needs nftablesCommon: no ipset
+	// or xtables module, which is how kube-proxy's IPVS mode does it.
+	ipvsModules = []string{"ip_vs", "dummy"}
 
 	// iptablesBackends are the tables of each iptables backend: the
 	// legacy one's ip_tables and ip6_tables with their filter and nat
@@ -73,14 +71,14 @@ var (
 // ModulesFor lists the kernel modules a proxy mode needs, in the order to
 // load them. mode is an api/v1alpha1 ProxyMode or its string ("iptables",
 // "nftables", "ipvs"); scheduler matters for ipvs only, where it adds
-// ip_vs_<scheduler> (empty means DefaultScheduler). The iptables and ipvs
-// modes also need the tables of the iptables backend that runs their
-// rules: see IPTablesBackendModules.
+// ip_vs_<scheduler> (empty means DefaultScheduler). The iptables mode
+// also needs the tables of the iptables backend that runs its rules: see
+// IPTablesBackendModules.
 func ModulesFor[M, S ~string](mode M, scheduler S) ([]string, error) {
 	var lists [][]string
 	switch v1alpha1.ProxyMode(mode) {
 	case v1alpha1.ModeNFTables:
-		lists = [][]string{natCore, nftablesModules}
+		lists = [][]string{natCore, nftablesCommon, nftablesModules}
 	case v1alpha1.ModeIPTables:
 		lists = [][]string{natCore, iptablesModules}
 	case v1alpha1.ModeIPVS:
@@ -91,7 +89,7 @@ func ModulesFor[M, S ~string](mode M, scheduler S) ([]string, error) {
 		if !slices.Contains(Schedulers, sched) {
 			return nil, fmt.Errorf("unknown IPVS scheduler %q (want one of %v)", sched, Schedulers)
 		}
-		lists = [][]string{natCore, ipvsModules, {"ip_vs_" + string(sched)}}
+		lists = [][]string{natCore, ipvsModules, {"ip_vs_" + string(sched)}, nftablesCommon}
 	default:
 		return nil, fmt.Errorf("unknown proxy mode %q (want %s, %s or %s)", mode, v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS)
 	}

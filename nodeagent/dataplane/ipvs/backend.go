@@ -24,6 +24,8 @@ type Backend struct {
 	cfg       dataplane.NodeConfig
 	scheduler v1alpha1.IPVSScheduler
 	strictARP bool
+	timeouts  Timeouts
+	exclude   []netip.Prefix
 	netns     int
 	loader    ModuleLoader
 	// openIPVS opens IPVS in the namespace; tests wrap it.
@@ -67,19 +69,11 @@ func WithStrictARP(on bool) Option {
 }
 
 // WithModuleLoader makes New load the kernel modules the backend needs
-// (Modules) through l before it opens IPVS, and fail if one does not
-// load. Without it the modules must be loaded already.
+// (kmod.ModulesFor the ipvs mode and its scheduler) through l before it
+// opens IPVS, and fail if one does not load. Without it the modules must
+// be loaded already.
 func WithModuleLoader(l ModuleLoader) Option {
 	return func(b *Backend) { b.loader = l }
-}
-
-// SettingsOptions returns the options a ProxyNode's IPVS settings ask
-// for: the scheduler and strictARP (nil settings ask for nothing).
-func SettingsOptions(s *v1alpha1.IPVSSettings) []Option {
-	if s == nil {
-		return nil
-	}
-	return []Option{WithScheduler(s.Scheduler), WithStrictARP(s.StrictARP)}
 }
 
 // New returns a backend for the node cfg describes. It loads the kernel
@@ -101,7 +95,7 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("ipvs: unknown scheduler %q (want one of %v)", b.scheduler, kmod.Schedulers)
 	}
 	if b.loader != nil {
-		mods, err := Modules(b.scheduler)
+		mods, err := kmod.ModulesFor(v1alpha1.ModeIPVS, b.scheduler)
 		if err != nil {
 			return nil, err
 		}
@@ -183,6 +177,9 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 			if err := b.setSysctls(); err != nil {
 				errs = append(errs, err)
 			}
+			if err := b.setTimeouts(kn); err != nil {
+				errs = append(errs, err)
+			}
 			settingsDone = true
 		}
 		c, err := b.full(kn, f, ports)
@@ -208,7 +205,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 // renderConfig returns what rendering family f depends on, reading the
 // node's addresses when NodePorts answer on all of them.
 func (b *Backend) renderConfig(kn *kernel, f *family) (*renderConfig, error) {
-	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.model), scheduler: string(b.scheduler)}
+	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.model), scheduler: string(b.scheduler), exclude: b.exclude}
 	rc.nodePortIPs = rc.policy.NodePortIPs
 	if rc.policy.NodePortsAnyLocal {
 		var err error
@@ -375,9 +372,10 @@ func (b *Backend) Present(ctx context.Context) (bool, error) {
 }
 
 // Cleanup removes everything the backend owns: its virtual services (as
-// Programmed and the last sync know them; never anyone else's), the
-// dummy interface with its addresses, and the helper tables. It returns
-// one line per removed object. The next Sync is a full one.
+// Programmed and the last sync know them; never anyone else's, nor those
+// in an excluded CIDR), the dummy interface with its addresses, and the
+// helper tables. It returns one line per removed object. The next Sync is
+// a full one.
 func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -410,7 +408,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return removed, err
 		}
-		for _, k := range slices.SortedFunc(maps.Keys(ours), compareKeys) {
+		for _, k := range deletable(b.exclude, slices.SortedFunc(maps.Keys(ours), compareKeys)) {
 			if err := kn.removeServices(f, []vsKey{k}); err != nil {
 				errs = append(errs, err)
 				continue

@@ -33,7 +33,9 @@
 //     when its address is bound to the dummy interface, or when this
 //     process programmed it. Foreign virtual services survive syncs,
 //     resyncs and Cleanup, and one that sits where a service needs to be
-//     is reported as a conflict, never taken over.
+//     is reported as a conflict, never taken over. Virtual services in
+//     the ProxyConfig's excludeCIDRs are never deleted, the backend's own
+//     included.
 //   - Incremental syncs change only the virtual services, real servers,
 //     addresses and elements of the service ports that changed; full
 //     syncs read the kernel back and repair any drift. New does not touch

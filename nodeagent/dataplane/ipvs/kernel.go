@@ -81,6 +81,8 @@ type ipvsHandle interface {
 	NewDestination(*libipvs.Service, *libipvs.Destination) error
 	UpdateDestination(*libipvs.Service, *libipvs.Destination) error
 	DelDestination(*libipvs.Service, *libipvs.Destination) error
+	GetConfig() (*libipvs.Config, error)
+	SetConfig(*libipvs.Config) error
 	Close()
 }
 

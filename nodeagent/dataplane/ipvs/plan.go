@@ -266,10 +266,13 @@ type kernelView struct {
 // the dummy interface from what the kernel holds to st. Virtual services
 // of ours that st lacks are deleted; until they are, the helper table
 // keeps their records, so that a sync cut short leaves them recognisable.
+// Those in an excluded CIDR are not deleted but forgotten: the new table
+// does not record them.
 func fullPlan(st *familyState, kv *kernelView) *plan {
 	want := st.services()
 	p := &plan{replace: true, ensureLink: true}
 	p.create, p.update, p.remove = diffServices(kv.services, want)
+	p.remove = deletable(st.rc.exclude, p.remove)
 	p.elems = st.elements()
 	for _, k := range p.remove {
 		rec := keyElement(st.rc.f, setVirtualServices, k, nil, "")
@@ -332,7 +335,9 @@ func changesFor(st *familyState, ports map[model.ServicePortName]*model.ServiceP
 
 // incrementalPlan changes what the changed ports had into what they get,
 // and nothing else. Shared elements and addresses are added when their
-// first holder appears and removed when their last goes.
+// first holder appears and removed when their last goes. A virtual
+// service in an excluded CIDR that no port wants any more stays in the
+// kernel, without its elements and record.
 func incrementalPlan(st *familyState, changes []portChange) *plan {
 	have, want := map[vsKey]*virtualService{}, map[vsKey]*virtualService{}
 	elemDelta, addrDelta := map[string]int{}, map[netip.Addr]int{}
@@ -360,6 +365,7 @@ func incrementalPlan(st *familyState, changes []portChange) *plan {
 	}
 	p := &plan{}
 	p.create, p.update, p.remove = diffServices(have, want)
+	p.remove = deletable(st.rc.exclude, p.remove)
 	for _, id := range slices.Sorted(maps.Keys(elemDelta)) {
 		before := st.elemRefs[id]
 		after := before + elemDelta[id]

@@ -101,6 +101,9 @@ type renderConfig struct {
 	// when NodePorts answer on all of them.
 	nodePortIPs []netip.Addr
 	scheduler   string
+	// exclude are the CIDRs whose virtual services are never deleted
+	// (WithExcludeCIDRs); the plans leave them out of their deletions.
+	exclude []netip.Prefix
 }
 
 // renderPort describes the objects of one service port: a virtual

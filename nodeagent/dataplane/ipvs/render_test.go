@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -150,19 +149,6 @@ func TestNodePortsOnEveryLocalAddress(t *testing.T) {
 	}
 	if len(services) != 3 {
 		t.Errorf("%d virtual services, want 3:\n%s", len(services), dumpState(st))
-	}
-}
-
-func TestSettingsOptions(t *testing.T) {
-	b := &Backend{}
-	for _, o := range SettingsOptions(&v1alpha1.IPVSSettings{Scheduler: "sh", StrictARP: true}) {
-		o(b)
-	}
-	if b.scheduler != "sh" || !b.strictARP {
-		t.Errorf("scheduler %q, strictARP %v; want sh and true", b.scheduler, b.strictARP)
-	}
-	if len(SettingsOptions(nil)) != 0 {
-		t.Error("nil settings give options")
 	}
 }
 

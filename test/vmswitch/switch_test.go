@@ -1,0 +1,472 @@
+package vmswitch_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gnft "github.com/google/nftables"
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/facts"
+	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/nodeagent/probe"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
+	"github.com/proxyshift/proxyshift/nodeagent/switcher"
+	"github.com/proxyshift/proxyshift/test/netlab"
+	"github.com/proxyshift/proxyshift/test/vm"
+)
+
+var (
+	// modes are the modes the node's agent has backends for.
+	modes      = []v1alpha1.ProxyMode{v1alpha1.ModeNFTables, v1alpha1.ModeIPVS, v1alpha1.ModeIPTables}
+	nodeConfig = dataplane.NodeConfig{
+		NodeName:      "node-1",
+		NodeIPs:       []netip.Addr{netlab.NodeIP},
+		ClusterCIDRs:  []netip.Prefix{netlab.PodCIDR},
+		MasqueradeBit: 14,
+	}
+	webIP    = netip.MustParseAddr("198.19.0.10")
+	nodePort = netip.AddrPortFrom(netlab.NodeIP, 30080)
+)
+
+// foreign are the virtual services another program created before the
+// agent started: on the node's address at a port no service has, on a
+// service-range address no service has, and by firewall mark.
+var foreign = []*libipvs.Service{
+	{AddressFamily: unix.AF_INET, Protocol: unix.IPPROTO_TCP, Address: net.IP(netlab.NodeIP.AsSlice()), Port: 8443, SchedName: "rr"},
+	{AddressFamily: unix.AF_INET, Protocol: unix.IPPROTO_UDP, Address: net.ParseIP("198.19.9.9").To4(), Port: 53, SchedName: "rr"},
+	{AddressFamily: unix.AF_INET, FWMark: 77, SchedName: "rr"},
+}
+
+// TestVMSwitchIPVS moves a node nftables -> ipvs -> iptables -> ipvs ->
+// nftables (every pair with ipvs, both ways) through the agent's
+// switcher, under a client that keeps opening new connections to
+// a cluster IP and a NodePort: none may fail, a connection opened before
+// the switch to ipvs still carries data after it, and afterwards the
+// kernel holds nothing of the old mode. Virtual services another program made
+// before the agent started survive every switch and the final cleanup.
+func TestVMSwitchIPVS(t *testing.T) {
+	vm.Require(t, "IPVS (the ip_vs kernel module)")
+	// What the agent's preflight loads, and the tables of both iptables
+	// variants, which the VM's kernel cannot load on demand (it has no
+	// /sbin/modprobe); the lab's bridges and veth pairs.
+	mods := []string{"bridge", "veth"}
+	for _, m := range modes {
+		l, err := kmod.ModulesFor(m, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, l...)
+	}
+	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
+		l, err := kmod.IPTablesBackendModules(string(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, l...)
+	}
+	vm.LoadModules(t, mods...)
+
+	lab := netlab.NewLab(t)
+	pods := []*netlab.Pod{lab.Node.AddPod(t, "pod-a"), lab.Node.AddPod(t, "pod-b")}
+	h, err := libipvs.New(fmt.Sprintf("/proc/self/fd/%d", lab.Node.NS.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, s := range foreign {
+		if err := h.NewService(s); err != nil {
+			t.Fatalf("create a foreign virtual service: %v", err)
+		}
+	}
+	foreignDump := ipvsServices(t, h)
+
+	n := startNode(t, lab, web(pods), v1alpha1.ModeNFTables)
+	n.waitActive(v1alpha1.ModeNFTables)
+	requireTraffic(t, lab, len(pods))
+	n.requireOnly(v1alpha1.ModeNFTables)
+
+	from := v1alpha1.ModeNFTables
+	for _, to := range []v1alpha1.ProxyMode{v1alpha1.ModeIPVS, v1alpha1.ModeIPTables, v1alpha1.ModeIPVS, v1alpha1.ModeNFTables} {
+		t.Run(string(from)+"-to-"+string(to), func(t *testing.T) {
+			session, err := lab.Client.NS.OpenSession(netip.AddrPortFrom(webIP, 80), 2*time.Second)
+			if err != nil {
+				t.Fatalf("open a long-lived connection: %v", err)
+			}
+			defer session.Close()
+			loop := startClientLoop(lab.Client.NS, netip.AddrPortFrom(webIP, 80), nodePort)
+			time.Sleep(300 * time.Millisecond)
+
+			n.sw.SetDesire(switcher.Desire{Mode: to})
+			n.waitActive(to)
+			time.Sleep(300 * time.Millisecond)
+			loop.requireNoFailures(t, "during the switch")
+			// A connection nftables or iptables NATed lives on in conntrack. One
+			// IPVS forwarded does not outlive its virtual service: IPVS
+			// rewrote its destination itself, and drops its conntrack
+			// entry when it expires it (see the ipvs README).
+			err = session.Exchange("after-switch", 2*time.Second)
+			switch {
+			case from != v1alpha1.ModeIPVS && err != nil:
+				t.Errorf("the connection opened before the switch (to %s) no longer carries data: %v", session.Server, err)
+			case from == v1alpha1.ModeIPVS:
+				t.Logf("the connection IPVS forwarded before the switch: %v", err)
+			}
+			n.requireOnly(to)
+			requireTraffic(t, lab, len(pods))
+			if got := foreignOf(ipvsServices(t, h)); got != foreignDump {
+				t.Errorf("after the switch to %s the foreign virtual services are\n%s\nwant\n%s", to, got, foreignDump)
+			}
+		})
+		from = to
+	}
+
+	// Uninstall: the serving mode's objects go, the foreign ones stay.
+	n.stop()
+	for _, m := range n.fanout.Modes() {
+		if _, err := n.fanout.Remove(m).Cleanup(context.Background()); err != nil {
+			t.Errorf("clean up %s: %v", m, err)
+		}
+	}
+	n.requireOnly("")
+	if got := ipvsServices(t, h); got != foreignDump {
+		t.Errorf("after cleanup the kernel holds the virtual services\n%s\nwant only the foreign ones\n%s", got, foreignDump)
+	}
+}
+
+// web is the service the tests reach: a cluster IP and a NodePort, the
+// pods as endpoints.
+func web(pods []*netlab.Pod) *model.Snapshot {
+	sp := &model.ServicePort{
+		Name:      model.ServicePortName{Namespace: "lab", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP},
+		Family:    corev1.IPv4Protocol,
+		ClusterIP: webIP, Protocol: corev1.ProtocolTCP, Port: 80, NodePort: int32(nodePort.Port()),
+	}
+	for _, p := range pods {
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true})
+	}
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
+		corev1.IPv4Protocol: {sp.Name: sp},
+	}}
+}
+
+// node is the agent's switching machinery for the lab node, in-process:
+// the switcher with its Fanout, the backends the agent builds, its
+// preflight and its prober, and a reporter that keeps the phases.
+type node struct {
+	t      *testing.T
+	lab    *netlab.Lab
+	fanout *switcher.Fanout
+	sw     *switcher.Switcher
+	rep    *phases
+	// seen is how many states were reported when the last switch ended.
+	seen int
+	stop func()
+}
+
+// startNode builds the switcher for mode, syncs snap into the Fanout (the
+// sync loop's first sync) and runs the switcher until the test ends.
+func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha1.ProxyMode) *node {
+	t.Helper()
+	ns := nsexec.NS(lab.Node.NS.FD())
+	n := &node{t: t, lab: lab, fanout: switcher.NewFanout(), rep: &phases{}}
+	n.sw = switcher.New(switcher.Config{
+		Fanout:  n.fanout,
+		Backend: func(m v1alpha1.ProxyMode) (dataplane.Backend, string, error) { return newBackend(lab, m) },
+		Modes:   modes,
+		Prepare: &facts.Gatherer{NS: ns},
+		Prober:  &probe.Prober{NS: ns, Attempts: 2},
+		NodeIPs: func() []netip.Addr { return nodeConfig.NodeIPs },
+		Report:  n.rep,
+	}, switcher.Desire{Mode: mode})
+	ctx, cancel := context.WithCancel(context.Background())
+	st, step, err := n.sw.Init(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.fanout.Sync(ctx, dataplane.SyncRequest{Model: snap, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := n.sw.Run(ctx, st, step); err != nil {
+			t.Errorf("switcher: %v", err)
+		}
+	}()
+	var once sync.Once
+	n.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(n.stop)
+	return n
+}
+
+// newBackend builds mode's backend for the lab node as the agent does.
+func newBackend(lab *netlab.Lab, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
+	fd := lab.Node.NS.FD()
+	switch mode {
+	case v1alpha1.ModeNFTables:
+		b, err := nftables.New(nodeConfig, nftables.WithNetNSFd(fd))
+		return b, "", err
+	case v1alpha1.ModeIPVS:
+		b, err := ipvs.New(nodeConfig, ipvs.WithNetNSFd(fd), ipvs.WithModuleLoader(&kmod.Kernel{}))
+		return b, "", err
+	case v1alpha1.ModeIPTables:
+		b, err := iptables.New(nodeConfig, iptables.WithNetNSFd(fd))
+		return b, "", err
+	}
+	return nil, "", fmt.Errorf("mode %s is not in this test", mode)
+}
+
+// phases is the switcher's reporter: it keeps every switch state
+// reported.
+type phases struct {
+	mu   sync.Mutex
+	seen []report.Switch
+}
+
+func (p *phases) SetSwitch(s report.Switch) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, s)
+}
+
+func (p *phases) Flush(context.Context) error { return nil }
+
+// since returns the last state reported and the phases reported from the
+// i-th on, and how many were reported in all.
+func (p *phases) since(i int) (report.Switch, []v1alpha1.NodePhase, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var walked []v1alpha1.NodePhase
+	for _, s := range p.seen[i:] {
+		walked = append(walked, s.Phase)
+	}
+	if len(p.seen) == 0 {
+		return report.Switch{}, nil, 0
+	}
+	return p.seen[len(p.seen)-1], walked, len(p.seen)
+}
+
+// waitActive waits until mode serves, and fails the test at once if the
+// switch fails. It fails the test unless the switch walked every phase in
+// order, reported once each.
+func (n *node) waitActive(mode v1alpha1.ProxyMode) {
+	n.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s, walked, seen := n.rep.since(n.seen)
+		switch {
+		case s.Phase == v1alpha1.NodeActive && s.Active == mode:
+			n.seen = seen
+			want := []v1alpha1.NodePhase{v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeCleaningUp, v1alpha1.NodeActive}
+			if !slices.Equal(walked, want) {
+				n.t.Errorf("the switch to %s reported the phases %v, want %v", mode, walked, want)
+			}
+			return
+		case s.Phase == v1alpha1.NodeFailed:
+			n.t.Fatalf("the switch to %s failed: %s: %s", mode, s.Reason, s.Message)
+		case time.Now().After(deadline):
+			n.t.Fatalf("%s not active within 60s; last state %+v, phases %v", mode, s, walked)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// requireOnly fails unless the kernel holds the objects of mode and none
+// of the other modes' ("" for none at all): nftables mode's table
+// proxyshift; ipvs mode's dummy interface, helper tables and virtual
+// services on the service address; iptables mode's PROXYSHIFT- chains, in
+// either variant.
+func (n *node) requireOnly(mode v1alpha1.ProxyMode) {
+	n.t.Helper()
+	fd := n.lab.Node.NS.FD()
+	objects := nftObjects(n.t, fd)
+	legacy := iptablesLegacySave(n.t, fd)
+	holds := map[v1alpha1.ProxyMode]bool{
+		v1alpha1.ModeNFTables: slices.Contains(objects, "ip "+nftables.TableName) || slices.Contains(objects, "ip6 "+nftables.TableName),
+		v1alpha1.ModeIPVS: slices.Contains(objects, "ip "+ipvs.TableName) || slices.Contains(objects, "ip6 "+ipvs.TableName) ||
+			hasLink(n.t, n.lab.Node.NS, ipvs.DummyInterface) || hasService(n.t, fd, webIP),
+		v1alpha1.ModeIPTables: strings.Contains(legacy, "PROXYSHIFT-") ||
+			slices.ContainsFunc(objects, func(o string) bool { return strings.Contains(o, " PROXYSHIFT-") }),
+	}
+	for _, m := range modes {
+		switch has := holds[m]; {
+		case m == mode && !has:
+			n.t.Errorf("the kernel holds nothing of %s:\n%s\n%s", m, strings.Join(objects, "\n"), legacy)
+		case m != mode && has:
+			n.t.Errorf("leftovers of %s with %q serving:\n%s\n%s", m, mode, strings.Join(objects, "\n"), legacy)
+		}
+	}
+}
+
+// nftObjects lists the nftables tables in the namespace fd ("ip name")
+// and their chains ("ip name chain"), iptables-nft's among them.
+func nftObjects(t *testing.T, fd int) []string {
+	t.Helper()
+	c, err := gnft.New(gnft.WithNetNSFd(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains, err := c.ListChains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := map[gnft.TableFamily]string{gnft.TableFamilyIPv4: "ip", gnft.TableFamilyIPv6: "ip6", gnft.TableFamilyINet: "inet"}
+	var out []string
+	for _, tb := range tables {
+		out = append(out, families[tb.Family]+" "+tb.Name)
+	}
+	for _, ch := range chains {
+		out = append(out, families[ch.Table.Family]+" "+ch.Table.Name+" "+ch.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// iptablesLegacySave is what both families' iptables-legacy-save print in
+// the namespace fd.
+func iptablesLegacySave(t *testing.T, fd int) string {
+	t.Helper()
+	var out []byte
+	for _, bin := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		b, err := nsexec.NS(fd).Output(context.Background(), nil, bin)
+		if err != nil {
+			t.Fatalf("%s: %v", bin, err)
+		}
+		out = append(out, b...)
+	}
+	return string(out)
+}
+
+func hasLink(t *testing.T, ns *netlab.NetNS, name string) bool {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns.Handle, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	_, err = h.LinkByName(name)
+	return err == nil
+}
+
+// hasService says whether a virtual service at ip exists in fd's
+// namespace.
+func hasService(t *testing.T, fd int, ip netip.Addr) bool {
+	t.Helper()
+	h, err := libipvs.New(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	return strings.Contains(ipvsServices(t, h), " "+ip.String()+":")
+}
+
+// ipvsServices renders the virtual services h sees, one per line, sorted.
+func ipvsServices(t *testing.T, h *libipvs.Handle) string {
+	t.Helper()
+	services, err := h.GetServices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, s := range services {
+		a, _ := netip.AddrFromSlice(s.Address)
+		lines = append(lines, fmt.Sprintf("proto %d %s fwmark %d sched %s", s.Protocol, netip.AddrPortFrom(a.Unmap(), s.Port), s.FWMark, s.SchedName))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// foreignOf keeps the lines of an ipvsServices dump that are foreign
+// virtual services.
+func foreignOf(dump string) string {
+	var keep []string
+	for _, l := range strings.Split(dump, "\n") {
+		if strings.Contains(l, ":8443 ") || strings.Contains(l, " 198.19.9.9:") || strings.Contains(l, "fwmark 77 ") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// requireTraffic checks that every pod answers through the cluster IP
+// and the NodePort.
+func requireTraffic(t *testing.T, lab *netlab.Lab, pods int) {
+	t.Helper()
+	for _, target := range []netip.AddrPort{netip.AddrPortFrom(webIP, 80), nodePort} {
+		if tally := lab.Client.NS.Spread(netlab.TCP, target, 20, 2*time.Second); len(tally.Answers) != pods || tally.Answered() != 20 {
+			t.Errorf("%s: %v; want every connection answered, by all %d pods", target, tally, pods)
+		}
+	}
+}
+
+// clientLoop opens new connections one after the other, to each target
+// in turn, until requireNoFailures.
+type clientLoop struct {
+	stop, done chan struct{}
+	ok, fail   atomic.Int64
+	mu         sync.Mutex
+	errs       []string
+}
+
+func startClientLoop(ns *netlab.NetNS, targets ...netip.AddrPort) *clientLoop {
+	l := &clientLoop{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for i := 0; ; i++ {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			target := targets[i%len(targets)]
+			if _, err := ns.Request(netlab.TCP, target, 2*time.Second); err != nil {
+				l.fail.Add(1)
+				l.mu.Lock()
+				l.errs = append(l.errs, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), target, err))
+				l.mu.Unlock()
+			} else {
+				l.ok.Add(1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return l
+}
+
+// requireNoFailures stops the loop and fails the test if a connection
+// failed or none was made.
+func (l *clientLoop) requireNoFailures(t *testing.T, what string) {
+	t.Helper()
+	close(l.stop)
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fail.Load() > 0 || l.ok.Load() == 0 {
+		t.Errorf("%s: %d new connections answered, %d failed: %v", what, l.ok.Load(), l.fail.Load(), l.errs)
+	} else {
+		t.Logf("%s: %d new connections, none failed", what, l.ok.Load())
+	}
+}
