@@ -51,7 +51,7 @@ test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock 
 	hack/vm/run.sh
 
 .PHONY: bench-vm
-bench-vm: ## Run the IPVS benchmarks in the test VM (emulated: compare them with each other, not with the host).
+bench-vm: ## Run the IPVS, nftables and iptables benchmarks in the test VM (emulated: compare them with each other, not with the host).
 	PROXYSHIFT_VM_RUN='^$$' PROXYSHIFT_VM_BENCH="$${PROXYSHIFT_VM_BENCH:-.}" \
 	PROXYSHIFT_VM_MEMORY="$${PROXYSHIFT_VM_MEMORY:-2048}" PROXYSHIFT_VM_TIMEOUT="$${PROXYSHIFT_VM_TIMEOUT:-3600}" hack/vm/run.sh
 
