@@ -88,6 +88,19 @@ type IPTablesBackend struct {
 	HasRules Capability `json:"hasRules"`
 }
 
+// KernelSetting is one kernel setting (sysctl) of the node that the
+// serving mode sets.
+type KernelSetting struct {
+	// Name is the sysctl's name, e.g. net.ipv4.vs.conntrack.
+	Name string `json:"name"`
+	// Want is the value the serving mode sets.
+	Want string `json:"want"`
+	// Value is the value the kernel holds; empty when it could not be read
+	// (the setting does not exist yet, e.g. before ip_vs is loaded).
+	// +optional
+	Value string `json:"value,omitempty"`
+}
+
 // KernelFacts are what the agent found out about the node's kernel.
 type KernelFacts struct {
 	// Version is the kernel release (uname -r).
@@ -106,6 +119,14 @@ type KernelFacts struct {
 	// +listType=map
 	// +listMapKey=name
 	IPTablesBackends []IPTablesBackend `json:"iptablesBackends,omitempty"`
+	// Settings are the sysctls the serving mode sets (IPVS: conntrack,
+	// conn_reuse_mode, expire_nodest_conn, strictARP's
+	// arp_ignore/arp_announce...), with the value wanted and the value the
+	// kernel holds.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Settings []KernelSetting `json:"settings,omitempty"`
 	// ReportedTime is when the facts were gathered.
 	// +optional
 	ReportedTime *metav1.Time `json:"reportedTime,omitempty"`

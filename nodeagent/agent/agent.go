@@ -188,8 +188,8 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		return err
 	}
 
-	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts}
 	fanout := switcher.NewFanout()
+	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		if !conntrack.HasUDPChange(changed, full) {
@@ -229,9 +229,11 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := syncloop.NewMetrics(reg)
 	reg.MustRegister(phases.phase)
+	regather := newServingWatch()
 	fanout.SetOnPrimary(func(p switcher.PrimarySync) {
 		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err})
 		metrics.RecordSync(p.Full, p.Duration, p.Counts, p.Err)
+		regather.synced(p)
 	})
 	loops := &loopRunner{source: tracker, backend: fanout, metrics: metrics}
 	loops.start(ctx, a.current().sync)
@@ -248,7 +250,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		}
 	}
 	go reporter.Run(ctx)
-	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval)
+	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval, regather.kick)
 
 	healthTimeout := 2 * opts.SyncPeriod
 	if healthTimeout < time.Minute {
@@ -285,9 +287,9 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	return sw.Run(ctx, st, step)
 }
 
-// gatherFacts reports the kernel facts now and every interval; the
-// reporter writes them only when they changed.
-func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration) {
+// gatherFacts reports the kernel facts now, every interval and whenever
+// kick receives; the reporter writes them only when they changed.
+func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration, kick <-chan struct{}) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
@@ -297,7 +299,32 @@ func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
+		case <-kick:
 		}
+	}
+}
+
+// servingWatch asks for the kernel facts to be gathered again when the
+// serving mode's first successful sync is done, so the settings that sync
+// set are reported at once, not an interval later.
+type servingWatch struct {
+	kick chan struct{}
+	// mode is the serving mode of the last successful sync (only touched
+	// by synced, under the Fanout's lock).
+	mode v1alpha1.ProxyMode
+}
+
+func newServingWatch() *servingWatch { return &servingWatch{kick: make(chan struct{}, 1)} }
+
+// synced takes one sync of the serving backend; it never blocks.
+func (w *servingWatch) synced(p switcher.PrimarySync) {
+	if p.Err != nil || p.Mode == w.mode {
+		return
+	}
+	w.mode = p.Mode
+	select {
+	case w.kick <- struct{}{}:
+	default:
 	}
 }
 

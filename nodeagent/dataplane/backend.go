@@ -64,3 +64,23 @@ type Backend interface {
 	// removed, one line per object.
 	Cleanup(ctx context.Context) ([]string, error)
 }
+
+// SettingsReporter is a Backend that sets kernel settings (sysctls) of
+// its node, and reads them back for the node's status. Backends that set
+// none (nftables, iptables) do not implement it.
+type SettingsReporter interface {
+	// KernelSettings returns the settings the backend sets, each with the
+	// value the kernel holds ("" when it could not be read). On error the
+	// settings it could list are still returned.
+	KernelSettings() ([]v1alpha1.KernelSetting, error)
+}
+
+// KernelSettings returns the kernel settings b sets, read back: none for
+// a backend that is no SettingsReporter (or nil).
+func KernelSettings(b Backend) ([]v1alpha1.KernelSetting, error) {
+	r, ok := b.(SettingsReporter)
+	if !ok {
+		return nil, nil
+	}
+	return r.KernelSettings()
+}

@@ -19,8 +19,10 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -43,6 +45,10 @@ type Gatherer struct {
 	// IPVS says whether IPVS answers; nil probes the generic netlink
 	// family "IPVS".
 	IPVS func(ctx context.Context) (v1alpha1.Capability, string)
+	// Settings, if set, reports the kernel settings the serving mode sets
+	// (the agent's Fanout, which asks its serving backend); nil reports
+	// none.
+	Settings dataplane.SettingsReporter
 }
 
 // Gather reads the facts. Modules are those every mode needs (with the
@@ -78,7 +84,21 @@ func (g *Gatherer) Gather(ctx context.Context, scheduler v1alpha1.IPVSScheduler)
 	slices.SortFunc(f.Modules, func(a, b v1alpha1.KernelModule) int { return strings.Compare(a.Name, b.Name) })
 	f.NFTables, _ = g.NFTables()
 	f.IPTablesBackends = g.iptables(ctx)
+	f.Settings = g.settings()
 	return f
+}
+
+// settings reads back the serving mode's kernel settings. A failure to
+// read them is logged; what could be listed is still reported.
+func (g *Gatherer) settings() []v1alpha1.KernelSetting {
+	if g.Settings == nil {
+		return nil
+	}
+	s, err := g.Settings.KernelSettings()
+	if err != nil {
+		klog.ErrorS(err, "Could not read back every kernel setting of the serving mode")
+	}
+	return s
 }
 
 func (g *Gatherer) iptables(ctx context.Context) []v1alpha1.IPTablesBackend {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -84,5 +85,32 @@ func TestGatherReportsEveryModuleOnce(t *testing.T) {
 	}
 	if f.Version == "" || len(f.IPTablesBackends) != 1 {
 		t.Errorf("facts %+v", f)
+	}
+}
+
+// settingsReporter reports fixed settings and an error.
+type settingsReporter struct {
+	settings []v1alpha1.KernelSetting
+	err      error
+}
+
+func (r settingsReporter) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+	return r.settings, r.err
+}
+
+func TestGatherReportsTheServingModesSettings(t *testing.T) {
+	iptables := func(context.Context) []v1alpha1.IPTablesBackend { return nil }
+	none := &Gatherer{Kernel: fixture(t, ""), IPTables: iptables}
+	if f := none.Gather(context.Background(), ""); f.Settings != nil {
+		t.Errorf("without a settings reporter: %+v; want none", f.Settings)
+	}
+	want := []v1alpha1.KernelSetting{
+		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
+		{Name: "net.ipv4.conf.all.arp_ignore", Want: "1"},
+	}
+	g := &Gatherer{Kernel: fixture(t, ""), IPTables: iptables,
+		Settings: settingsReporter{settings: want, err: errors.New("could not enter the namespace")}}
+	if f := g.Gather(context.Background(), ""); !reflect.DeepEqual(f.Settings, want) {
+		t.Errorf("settings = %+v; want %+v (what could be read, despite the error)", f.Settings, want)
 	}
 }

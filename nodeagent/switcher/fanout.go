@@ -85,7 +85,10 @@ type member struct {
 	last PrimarySync
 }
 
-var _ dataplane.Backend = (*Fanout)(nil)
+var (
+	_ dataplane.Backend          = (*Fanout)(nil)
+	_ dataplane.SettingsReporter = (*Fanout)(nil)
+)
 
 // NewFanout returns an empty Fanout.
 func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{})} }
@@ -162,6 +165,19 @@ func (f *Fanout) Programmed(ctx context.Context) (dataplane.Counts, error) {
 		return dataplane.Counts{}, nil
 	}
 	return m.b.Programmed(ctx)
+}
+
+// KernelSettings reads back the kernel settings the primary (the serving
+// backend) sets: none when there is no primary, or it sets none
+// (dataplane.SettingsReporter).
+func (f *Fanout) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+	f.mu.Lock()
+	m := f.find(f.primary)
+	f.mu.Unlock()
+	if m == nil {
+		return nil, nil
+	}
+	return dataplane.KernelSettings(m.b)
 }
 
 // Cleanup is not how a Fanout's members go: the switcher removes them one

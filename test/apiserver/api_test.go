@@ -6,6 +6,7 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -216,7 +217,9 @@ func TestAPI(t *testing.T) {
 		if err := env.Client.Create(ctx, pn); err != nil {
 			t.Fatal(err)
 		}
-		synced := metav1.NewTime(time.Now().Add(-5 * time.Minute))
+		// Ten hours ago shows as "10h" for an hour (five minutes would show
+		// as "5m1s" once a second has passed on a busy machine).
+		synced := metav1.NewTime(time.Now().Add(-10 * time.Hour))
 		pn.Status = proxyv1alpha1.ProxyNodeStatus{ActiveMode: proxyv1alpha1.ModeIPTables, Phase: proxyv1alpha1.NodeProgramming, LastSyncTime: &synced, Counts: &proxyv1alpha1.RuleCounts{Services: 10, Endpoints: 30, Rules: 1234}}
 		if err := env.Client.Status().Update(ctx, pn); err != nil {
 			t.Fatal(err)
@@ -225,7 +228,35 @@ func TestAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "1234", "5m"})
+		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "1234", "10h"})
+	})
+
+	t.Run("KernelSettingsInStatus", func(t *testing.T) {
+		pn := &proxyv1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: "node-settings"}, Spec: proxyv1alpha1.ProxyNodeSpec{DesiredMode: proxyv1alpha1.ModeIPVS}}
+		if err := env.Client.Create(ctx, pn); err != nil {
+			t.Fatal(err)
+		}
+		settings := []proxyv1alpha1.KernelSetting{
+			{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
+			{Name: "net.ipv4.vs.conn_reuse_mode", Want: "1", Value: "0"},
+			{Name: "net.ipv4.conf.all.arp_ignore", Want: "1"}, // could not be read
+		}
+		pn.Status = proxyv1alpha1.ProxyNodeStatus{ActiveMode: proxyv1alpha1.ModeIPVS, Kernel: &proxyv1alpha1.KernelFacts{Version: "6.1.0", Settings: settings}}
+		if err := env.Client.Status().Update(ctx, pn); err != nil {
+			t.Fatal(err)
+		}
+		got := &proxyv1alpha1.ProxyNode{}
+		if err := env.Client.Get(ctx, clientKey("node-settings"), got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Kernel == nil || !reflect.DeepEqual(got.Status.Kernel.Settings, settings) {
+			t.Errorf("status.kernel.settings read back as %+v; want %+v", got.Status.Kernel, settings)
+		}
+		// A list map: one entry per sysctl name.
+		got.Status.Kernel.Settings = append(got.Status.Kernel.Settings, proxyv1alpha1.KernelSetting{Name: "net.ipv4.vs.conntrack", Want: "0"})
+		if err := env.Client.Status().Update(ctx, got); err == nil {
+			t.Error("a setting listed twice was accepted")
+		}
 	})
 }
 

@@ -10,10 +10,12 @@
 package vm
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 )
 
@@ -55,4 +57,35 @@ func LoadModules(t testing.TB, names ...string) {
 	if err := (&kmod.Kernel{}).Load(names...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// LoadForModes loads, inside the VM only, the modules the given proxy
+// modes need (kmod.ModulesFor; for iptables also both backends' tables)
+// and extra ones, for a package's TestMain: the VM's kernel has no modprobe
+// to load them on demand, as a node's has. Outside the VM it does nothing.
+func LoadForModes(extra []string, modes ...v1alpha1.ProxyMode) error {
+	if !Inside() {
+		return nil
+	}
+	mods := append([]string(nil), extra...)
+	for _, m := range modes {
+		l, err := kmod.ModulesFor(m, "")
+		if err != nil {
+			return err
+		}
+		mods = append(mods, l...)
+		if m == v1alpha1.ModeIPTables {
+			for _, b := range []string{"legacy", "nft"} {
+				t, err := kmod.IPTablesBackendModules(b)
+				if err != nil {
+					return err
+				}
+				mods = append(mods, t...)
+			}
+		}
+	}
+	if err := (&kmod.Kernel{}).Load(mods...); err != nil {
+		return fmt.Errorf("load the kernel modules in the test VM: %w", err)
+	}
+	return nil
 }

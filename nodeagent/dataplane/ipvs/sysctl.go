@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
@@ -96,10 +98,12 @@ func (b *Backend) setSysctls() error {
 	})
 }
 
+var _ dataplane.SettingsReporter = (*Backend)(nil)
+
 // KernelSettings reads back the sysctls the backend sets, for the node's
-// status. A setting that cannot be read (IPVS not loaded yet) has an
-// empty Value.
-func (b *Backend) KernelSettings() ([]Setting, error) {
+// status (dataplane.SettingsReporter). A setting that cannot be read
+// (IPVS not loaded yet) has an empty Value.
+func (b *Backend) KernelSettings() ([]v1alpha1.KernelSetting, error) {
 	settings := b.settings(kernelRelease())
 	err := b.inNetNS(func() error {
 		for i, s := range settings {
@@ -109,7 +113,20 @@ func (b *Backend) KernelSettings() ([]Setting, error) {
 		}
 		return nil
 	})
-	return settings, err
+	return apiSettings(settings), err
+}
+
+// apiSettings converts settings for the ProxyNode status, in their order;
+// Why stays out (it is the same on every node).
+func apiSettings(settings []Setting) []v1alpha1.KernelSetting {
+	if len(settings) == 0 {
+		return nil
+	}
+	out := make([]v1alpha1.KernelSetting, 0, len(settings))
+	for _, s := range settings {
+		out = append(out, v1alpha1.KernelSetting{Name: s.Name, Want: s.Want, Value: s.Value})
+	}
+	return out
 }
 
 // inNetNS runs fn on a thread in the backend's network namespace: sysctls
