@@ -109,8 +109,14 @@ func TestReportTargets(t *testing.T) {
 	if want := "| one-endpoint change sync, 20000 services (own metrics, mean) | - | - | - |  |"; !strings.Contains(md2, want) {
 		t.Errorf("after kube-proxy timed out, proxyshift's rows show with no kube-proxy figure; lacks %q:\n%s", want, md2)
 	}
-	if want := "| peak RSS, 20000 services | - | 0 MiB | - |  |"; !strings.Contains(md2, want) {
-		t.Errorf("lacks %q:\n%s", want, md2)
+	for _, want := range []string{
+		"| peak RSS, 20000 services | - | 0 MiB | - |  |",
+		"| first-packet connections unanswered within 2 s (of 2) | - | 0 | - |  |",
+		"| first-packet p50, last / first service of 20000 | - | 1.00 | - |  |",
+	} {
+		if !strings.Contains(md2, want) {
+			t.Errorf("lacks %q:\n%s", want, md2)
+		}
 	}
 	// The 1k nftables full sync has no target (the target is at the
 	// largest size only).

@@ -225,10 +225,18 @@ func (r *Report) rows(mode string) []row {
 				durationRow(fmt.Sprintf("first-packet (TCP connect) p%.0f, first service of %d", p, n), Percentile(kp.ConnectFirst, p), Percentile(ps.ConnectFirst, p), 0, 0),
 				durationRow(fmt.Sprintf("first-packet (TCP connect) p%.0f, last service of %d", p, n), Percentile(kp.ConnectLast, p), Percentile(ps.ConnectLast, p), 0, 0))
 		}
-		out = append(out, row{what: fmt.Sprintf("first-packet connections unanswered within 2 s (of %d)", len(kp.ConnectFirst)+len(kp.ConnectLast)+kp.ConnectFailures),
-			kp: fmt.Sprint(kp.ConnectFailures), ps: fmt.Sprint(ps.ConnectFailures), ratio: "-"})
+		// kube-proxy made no connection when its first sync gave up.
+		measured := len(kp.ConnectFirst)+len(kp.ConnectLast)+kp.ConnectFailures > 0
+		orNone := func(s string) string {
+			if !measured {
+				return "-"
+			}
+			return s
+		}
+		out = append(out, row{what: fmt.Sprintf("first-packet connections unanswered within 2 s (of %d)", len(ps.ConnectFirst)+len(ps.ConnectLast)+ps.ConnectFailures),
+			kp: orNone(fmt.Sprint(kp.ConnectFailures)), ps: fmt.Sprint(ps.ConnectFailures), ratio: "-"})
 		spread := row{what: fmt.Sprintf("first-packet p50, last / first service of %d", n),
-			kp: fmt.Sprintf("%.2f", lastOverFirst(kp)), ps: fmt.Sprintf("%.2f", lastOverFirst(ps)), ratio: "-"}
+			kp: orNone(fmt.Sprintf("%.2f", lastOverFirst(kp))), ps: fmt.Sprintf("%.2f", lastOverFirst(ps)), ratio: "-"}
 		if nft {
 			spread.target, spread.met = "proxyshift <= 1.10", metText(lastOverFirst(ps) <= 1.10)
 		}
