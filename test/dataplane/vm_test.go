@@ -1,8 +1,6 @@
 package dataplane_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -21,9 +19,5 @@ func TestMain(m *testing.M) {
 	// a pod's reply to another pod on its bridge, after the node sent the
 	// pod's connection to a Service there, must pass the node's netfilter
 	// (conntrack, IPVS) to be translated back.
-	if err := vm.LoadForModes([]string{"bridge", "br_netfilter", "veth"}, v1alpha1.ModeNFTables, v1alpha1.ModeIPTables); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
+	vm.Main(m, []string{"bridge", "br_netfilter", "veth"}, v1alpha1.ModeNFTables, v1alpha1.ModeIPTables)
 }

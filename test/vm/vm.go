@@ -89,3 +89,14 @@ func LoadForModes(extra []string, modes ...v1alpha1.ProxyMode) error {
 	}
 	return nil
 }
+
+// Main is a TestMain for packages whose tests need their modes' modules
+// inside the VM: it loads them (LoadForModes), then runs the tests and
+// exits with their status.
+func Main(m *testing.M, extra []string, modes ...v1alpha1.ProxyMode) {
+	if err := LoadForModes(extra, modes...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}

@@ -1,8 +1,6 @@
 package nftables
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -11,11 +9,4 @@ import (
 
 // TestMain loads, inside the test VM (make test-vm, make bench-vm), the
 // kernel modules nftables mode needs, which the VM cannot load on demand.
-// Elsewhere it loads nothing.
-func TestMain(m *testing.M) {
-	if err := vm.LoadForModes(nil, v1alpha1.ModeNFTables); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { vm.Main(m, nil, v1alpha1.ModeNFTables) }
