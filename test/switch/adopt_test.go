@@ -165,7 +165,7 @@ func TestAdoptionFromKubeProxy(t *testing.T) {
 	a.waitLog("Removed kube-proxy's leftovers", 60*time.Second)
 	w.waitActive(v1alpha1.ModeNFTables)
 	time.Sleep(300 * time.Millisecond)
-	loop.requireNoFailures(t, "from kube-proxy to proxyshift")
+	loop.RequireNoFailures(t, "from kube-proxy to proxyshift")
 	w.requireTraffic()
 
 	got := w.kubeState()

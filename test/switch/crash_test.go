@@ -34,7 +34,7 @@ func TestKillInEveryPhase(t *testing.T) {
 				next := w.startAgent()
 				w.waitActive(to)
 				time.Sleep(300 * time.Millisecond)
-				loop.requireNoFailures(t, "across the kill and the restart")
+				loop.RequireNoFailures(t, "across the kill and the restart")
 				w.requireOnly(to)
 				w.requireTraffic()
 				next.stop()

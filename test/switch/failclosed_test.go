@@ -92,7 +92,7 @@ func TestFailClosed(t *testing.T) {
 		loop := w.startClientLoop()
 		w.desire(v1alpha1.ModeNFTables)
 		pn, ready := w.waitFailed()
-		loop.requireNoFailures(t, "while the switch failed")
+		loop.RequireNoFailures(t, "while the switch failed")
 		if ready == nil || ready.Reason != "ModuleMissing" || !strings.Contains(ready.Message, "nft_numgen") {
 			t.Errorf("Ready condition %+v; want reason ModuleMissing naming nft_numgen", ready)
 		}
@@ -122,7 +122,7 @@ func TestFailClosed(t *testing.T) {
 		w.desire(v1alpha1.ModeNFTables)
 		pn, ready := w.waitFailed()
 		time.Sleep(300 * time.Millisecond)
-		loop.requireNoFailures(t, "during the failed switch and its rollback")
+		loop.RequireNoFailures(t, "during the failed switch and its rollback")
 		if ready == nil || ready.Reason != report.ReasonVerificationFailed || !strings.Contains(ready.Message, "iptables keeps serving") {
 			t.Errorf("Ready condition %+v; want reason VerificationFailed saying iptables keeps serving", ready)
 		}

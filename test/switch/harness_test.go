@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -390,66 +389,10 @@ func (w *world) requireTraffic() {
 	}
 }
 
-// clientLoop opens new connections, one after the other, alternately to
-// the cluster IP and the NodePort, until stopped.
-type clientLoop struct {
-	stop     chan struct{}
-	done     chan struct{}
-	ok, fail atomic.Int64
-	mu       sync.Mutex
-	errs     []string
-}
-
-func (w *world) startClientLoop() *clientLoop {
-	l := &clientLoop{stop: make(chan struct{}), done: make(chan struct{})}
-	targets := []netip.AddrPort{w.clusterIP(), w.nodePort()}
-	go func() {
-		defer close(l.done)
-		for i := 0; ; i++ {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			target := targets[i%len(targets)]
-			if _, err := w.lab.Client.NS.Request(netlab.TCP, target, 2*time.Second); err != nil {
-				l.fail.Add(1)
-				l.mu.Lock()
-				if len(l.errs) < 10 {
-					l.errs = append(l.errs, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), target, err))
-				}
-				l.mu.Unlock()
-			} else {
-				l.ok.Add(1)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	w.t.Cleanup(l.end)
-	return l
-}
-
-func (l *clientLoop) end() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	<-l.done
-}
-
-// requireNoFailures stops the loop and fails the test if any connection
-// failed.
-func (l *clientLoop) requireNoFailures(t *testing.T, what string) {
-	t.Helper()
-	l.end()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.fail.Load() > 0 || l.ok.Load() == 0 {
-		t.Errorf("%s: %d new connections answered, %d failed: %v", what, l.ok.Load(), l.fail.Load(), l.errs)
-	} else {
-		t.Logf("%s: %d new connections, none failed", what, l.ok.Load())
-	}
+// startClientLoop opens new connections, one after the other,
+// alternately to the cluster IP and the NodePort, until stopped.
+func (w *world) startClientLoop() *netlab.ClientLoop {
+	return netlab.StartClientLoop(w.t, w.lab.Client.NS, w.clusterIP(), w.nodePort())
 }
 
 // ---- what the kernel holds ----

@@ -37,7 +37,7 @@ func TestSwitchPairs(t *testing.T) {
 			w.desire(to)
 			pn := w.waitActive(to)
 			time.Sleep(300 * time.Millisecond)
-			loop.requireNoFailures(t, "during the switch")
+			loop.RequireNoFailures(t, "during the switch")
 
 			if err := session.Exchange("after-switch", 2*time.Second); err != nil {
 				t.Errorf("the connection opened before the switch (to %s) no longer carries data: %v", session.Server, err)

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,13 +111,13 @@ func TestVMSwitchIPVS(t *testing.T) {
 				t.Fatalf("open a long-lived connection: %v", err)
 			}
 			defer session.Close()
-			loop := startClientLoop(lab.Client.NS, netip.AddrPortFrom(webIP, 80), nodePort)
+			loop := netlab.StartClientLoop(t, lab.Client.NS, netip.AddrPortFrom(webIP, 80), nodePort)
 			time.Sleep(300 * time.Millisecond)
 
 			n.sw.SetDesire(switcher.Desire{Mode: to})
 			n.waitActive(to)
 			time.Sleep(300 * time.Millisecond)
-			loop.requireNoFailures(t, "during the switch")
+			loop.RequireNoFailures(t, "during the switch")
 			// A connection nftables or iptables NATed lives on in conntrack. One
 			// IPVS forwarded does not outlive its virtual service: IPVS
 			// rewrote its destination itself, and drops its conntrack
@@ -419,54 +418,5 @@ func requireTraffic(t *testing.T, lab *netlab.Lab, pods int) {
 		if tally := lab.Client.NS.Spread(netlab.TCP, target, 20, 2*time.Second); len(tally.Answers) != pods || tally.Answered() != 20 {
 			t.Errorf("%s: %v; want every connection answered, by all %d pods", target, tally, pods)
 		}
-	}
-}
-
-// clientLoop opens new connections one after the other, to each target
-// in turn, until requireNoFailures.
-type clientLoop struct {
-	stop, done chan struct{}
-	ok, fail   atomic.Int64
-	mu         sync.Mutex
-	errs       []string
-}
-
-func startClientLoop(ns *netlab.NetNS, targets ...netip.AddrPort) *clientLoop {
-	l := &clientLoop{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		for i := 0; ; i++ {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			target := targets[i%len(targets)]
-			if _, err := ns.Request(netlab.TCP, target, 2*time.Second); err != nil {
-				l.fail.Add(1)
-				l.mu.Lock()
-				l.errs = append(l.errs, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), target, err))
-				l.mu.Unlock()
-			} else {
-				l.ok.Add(1)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	return l
-}
-
-// requireNoFailures stops the loop and fails the test if a connection
-// failed or none was made.
-func (l *clientLoop) requireNoFailures(t *testing.T, what string) {
-	t.Helper()
-	close(l.stop)
-	<-l.done
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.fail.Load() > 0 || l.ok.Load() == 0 {
-		t.Errorf("%s: %d new connections answered, %d failed: %v", what, l.ok.Load(), l.fail.Load(), l.errs)
-	} else {
-		t.Logf("%s: %d new connections, none failed", what, l.ok.Load())
 	}
 }
