@@ -151,7 +151,7 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 // (a changed name absent from the model was deleted).
 func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) error {
 	var changes []portChange
-	for _, name := range sortedNames(changed) {
+	for _, name := range model.SortedNames(changed) {
 		old, sp := rs.ports[name], ports[name]
 		if old == nil && sp == nil {
 			continue

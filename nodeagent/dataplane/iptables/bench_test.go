@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -78,19 +79,6 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 			b.Fatal(err)
 		}
-		ports := m.Ports[corev1.IPv4Protocol]
-		names := sortedNames(ports)
-		i := 0
-		for b.Loop() {
-			name := names[i%len(names)]
-			sp := *ports[name]
-			sp.Endpoints = append([]model.Endpoint(nil), sp.Endpoints...)
-			sp.Endpoints[9].Port += 1000
-			ports[name] = &sp
-			if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}}); err != nil {
-				b.Fatal(err)
-			}
-			i++
-		}
+		dataplanetest.EndpointChanges(b, be, m)
 	})
 }

@@ -315,16 +315,3 @@ func sortChains(chains []*chain) {
 		return cmp.Or(-cmp.Compare(a.table, b.table), cmp.Compare(a.name, b.name))
 	})
 }
-
-// sortedNames returns m's keys in order.
-func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
-	names := make([]model.ServicePortName, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, func(a, b model.ServicePortName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
-	})
-	return names
-}

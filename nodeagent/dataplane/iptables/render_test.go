@@ -1,10 +1,7 @@
 package iptables
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,10 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the rendered restore inputs")
 
 // node is the configuration most tests render for; nodeWithIPs has
 // NodePort addresses, masqAll masquerades everything.
@@ -185,27 +181,7 @@ func TestRenderGolden(t *testing.T) {
 					t.Errorf("chain name longer than %d characters: %s", maxChainLen, l)
 				}
 			}
-			golden(t, tc.name, got)
+			dataplanetest.Golden(t, tc.name, got)
 		})
-	}
-}
-
-// golden compares got with testdata/<name>.golden, or rewrites it with
-// -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run the test with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("rendered restore input differs from %s (rerun with -update if the change is intended):\n--- want\n%s\n--- got\n%s", path, want, got)
 	}
 }

@@ -134,7 +134,7 @@ func fullRestore(rs *ruleset, cur savedTables) []byte {
 				wanted[c.name] = true
 			}
 		}
-		for _, name := range sortedNames(rs.ports) {
+		for _, name := range model.SortedNames(rs.ports) {
 			pr := rs.ports[name]
 			b := t.port(namesFor(name).key)
 			for _, c := range pr.chains {

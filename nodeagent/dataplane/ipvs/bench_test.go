@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -66,11 +67,7 @@ func benchBackend(b *testing.B, m *model.Snapshot) *Backend {
 func benchmarkFullSync(b *testing.B, n int) {
 	m := benchModel(n)
 	be := benchBackend(b, m)
-	for b.Loop() {
-		if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dataplanetest.FullSyncs(b, be, m)
 }
 
 // benchmarkOneEndpointChange measures an incremental sync after one
@@ -78,20 +75,7 @@ func benchmarkFullSync(b *testing.B, n int) {
 func benchmarkOneEndpointChange(b *testing.B, n int) {
 	m := benchModel(n)
 	be := benchBackend(b, m)
-	ports := m.Ports[corev1.IPv4Protocol]
-	names := sortedNames(ports)
-	i := 0
-	for b.Loop() {
-		name := names[i%len(names)]
-		sp := *ports[name]
-		sp.Endpoints = append([]model.Endpoint(nil), sp.Endpoints...)
-		sp.Endpoints[9].Port += 1000
-		ports[name] = &sp
-		if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}}); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
+	dataplanetest.EndpointChanges(b, be, m)
 }
 
 func BenchmarkFullSync1k(b *testing.B)           { benchmarkFullSync(b, 1000) }

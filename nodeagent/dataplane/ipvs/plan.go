@@ -1,7 +1,6 @@
 package ipvs
 
 import (
-	"cmp"
 	"maps"
 	"net/netip"
 	"slices"
@@ -45,7 +44,7 @@ func newState(rc *renderConfig, ports map[model.ServicePortName]*model.ServicePo
 		elemRefs: map[string]int{},
 		addrRefs: map[netip.Addr]int{},
 	}
-	for _, name := range sortedNames(ports) {
+	for _, name := range model.SortedNames(ports) {
 		objs := renderPort(rc, ports[name])
 		conflicts = append(conflicts, st.claim(name, objs, nil)...)
 		st.add(name, objs)
@@ -311,7 +310,7 @@ func changesFor(st *familyState, ports map[model.ServicePortName]*model.ServiceP
 		free[name] = true
 	}
 	batch := map[vsKey]bool{}
-	for _, name := range sortedNames(changed) {
+	for _, name := range model.SortedNames(changed) {
 		ch := portChange{name: name, old: st.ports[name]}
 		if sp := ports[name]; sp != nil {
 			ch.new = renderPort(st.rc, sp)
@@ -403,13 +402,6 @@ func (st *familyState) commit(changes []portChange) {
 			st.add(ch.name, ch.new)
 		}
 	}
-}
-
-func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
-	return slices.SortedFunc(maps.Keys(m), func(a, b model.ServicePortName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
-	})
 }
 
 func sortedKeys[V any](m map[vsKey]V) []vsKey {

@@ -1,38 +1,14 @@
 package ipvs
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-// golden compares got with testdata/name.golden, or rewrites the file
-// with -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from %s (run with -update to accept):\n%s", name, path, got)
-	}
-}
 
 // TestRenderGolden pins down what each kind of service becomes: virtual
 // services and real servers, bound addresses and helper-table elements.
@@ -98,7 +74,7 @@ func TestRenderGolden(t *testing.T) {
 			if len(conflicts) > 0 {
 				t.Errorf("conflicts without foreign virtual services: %v", conflicts)
 			}
-			golden(t, tc.name, dumpState(st))
+			dataplanetest.Golden(t, tc.name, dumpState(st))
 		})
 	}
 }
@@ -111,7 +87,7 @@ func TestTableChains(t *testing.T) {
 		b.WriteString("table " + f.name + " " + TableName + "\n")
 		b.WriteString(dumpChains(tableChains(f, p.ClusterCIDRs, p.MasqueradeMark)))
 	}
-	golden(t, "table", b.String())
+	dataplanetest.Golden(t, "table", b.String())
 }
 
 // TestRenderIsPure checks that rendering the same model twice gives the

@@ -91,7 +91,7 @@ func TestHelperTableInKernel(t *testing.T) {
 			// Incremental: the first port loses an endpoint and its
 			// source ranges, the last (if another) is deleted.
 			next := maps.Clone(base)
-			names := sortedNames(base)
+			names := model.SortedNames(base)
 			c := *base[names[0]]
 			c.Endpoints = c.Endpoints[:1]
 			c.LoadBalancerSourceRanges = nil

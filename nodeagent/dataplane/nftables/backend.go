@@ -197,7 +197,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 	var changes []portChange
 	batch := claimIndex{}
 	nextID := st.rs.nextID
-	for _, name := range sortedNames(changed) {
+	for _, name := range model.SortedNames(changed) {
 		old := st.rs.ports[name]
 		sp := ports[name]
 		if sp == nil && old == nil {

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -26,15 +27,10 @@ func benchmarkFullSync(b *testing.B, n int) {
 	ns, _ := kernelNS(b)
 	be := newBackend(b, ns)
 	m := benchModel(n)
-	ctx := context.Background()
-	if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		b.Fatal(err)
 	}
-	for b.Loop() {
-		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dataplanetest.FullSyncs(b, be, m)
 }
 
 // benchmarkOneEndpointChange measures an incremental sync after one
@@ -43,24 +39,10 @@ func benchmarkOneEndpointChange(b *testing.B, n int) {
 	ns, _ := kernelNS(b)
 	be := newBackend(b, ns)
 	m := benchModel(n)
-	ctx := context.Background()
-	if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		b.Fatal(err)
 	}
-	ports := m.Ports[corev1.IPv4Protocol]
-	names := sortedNames(ports)
-	i := 0
-	for b.Loop() {
-		name := names[i%len(names)]
-		sp := *ports[name]
-		sp.Endpoints = append([]model.Endpoint(nil), sp.Endpoints...)
-		sp.Endpoints[9].Port += 1000
-		ports[name] = &sp
-		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}}); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
+	dataplanetest.EndpointChanges(b, be, m)
 }
 
 func BenchmarkFullSync1k(b *testing.B)           { benchmarkFullSync(b, 1000) }

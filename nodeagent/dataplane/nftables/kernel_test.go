@@ -709,7 +709,7 @@ func TestKernelEndpointMapsComeAndGo(t *testing.T) {
 
 	// The ports numbered 16-20 go: map 1 goes with them.
 	changed := model.ChangeSet{}
-	for _, name := range sortedNames(v4)[15:] {
+	for _, name := range model.SortedNames(v4)[15:] {
 		delete(v4, name)
 		changed[name] = struct{}{}
 	}

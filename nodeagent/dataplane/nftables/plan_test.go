@@ -162,7 +162,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	ports := manyPorts(100, 2)
 	st := stateOf(ports, np)
-	names := sortedNames(ports)
+	names := model.SortedNames(ports)
 	a, b, c := names[3], names[50], names[99]
 
 	next := maps.Clone(ports)
@@ -239,7 +239,7 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	ports := manyPorts(10, 3)
 	st := stateOf(ports, np)
-	name := sortedNames(ports)[4]
+	name := model.SortedNames(ports)[4]
 	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 	if len(ops) != 0 || len(stale) != 0 {
 		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)

@@ -52,7 +52,7 @@ func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np
 	}
 	rs.chains, rs.sets = renderFixed(f, np)
 	claims = claimIndex{}
-	for _, name := range sortedNames(ports) {
+	for _, name := range model.SortedNames(ports) {
 		id, ok := ids[name]
 		if !ok {
 			id = rs.nextID
@@ -65,20 +65,6 @@ func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np
 		rs.endpointMaps.addEndpointMap(objs, 1)
 	}
 	return rs, claims
-}
-
-func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
-	names := make([]model.ServicePortName, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, compareNames)
-	return names
-}
-
-func compareNames(a, b model.ServicePortName) int {
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 // claimIndex records which port owns each key of the shared maps.

@@ -1,21 +1,16 @@
 package nftables
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the rendered rulesets")
 
 // testConfig is the node most tests render for.
 var testConfig = dataplane.NodeConfig{
@@ -179,50 +174,7 @@ func TestRenderGolden(t *testing.T) {
 			if again.String() != got {
 				t.Fatal("rendering is not deterministic")
 			}
-			golden(t, tc.name, got)
+			dataplanetest.Golden(t, tc.name, got)
 		})
 	}
-}
-
-// golden compares got with testdata/<name>.golden, or rewrites it with
-// -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run the test with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("rendered ruleset differs from %s (rerun with -update if the change is intended):\n%s", path, lineDiff(string(want), got))
-	}
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(want, "\n") {
-		count[l]++
-	}
-	for _, l := range strings.Split(got, "\n") {
-		count[l]--
-	}
-	var b strings.Builder
-	for _, l := range strings.Split(want, "\n") {
-		if count[l] > 0 {
-			b.WriteString("- " + l + "\n")
-		}
-	}
-	for _, l := range strings.Split(got, "\n") {
-		if count[l] < 0 {
-			b.WriteString("+ " + l + "\n")
-		}
-	}
-	return b.String()
 }
