@@ -141,6 +141,7 @@ type Cluster struct {
 	seq       int64
 	pki       *controlplane.PKI
 	cp        *controlplane.ControlPlane
+	fabric    *netlab.Fabric
 	ownRunDir bool
 	childEnv  []string
 
@@ -345,7 +346,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 
 func (c *Cluster) start(ctx context.Context) error {
 	o := &c.opts
-	sweepStale(c.logf)
+	netlab.SweepStale(nsPrefix, c.logf)
 
 	if err := c.step("run directory", func() error {
 		if o.RunDir == "" {
