@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -262,22 +261,7 @@ func (c *Cluster) startProxyshift() error {
 // agent's endpoints listen on its loopback) and returns the status code
 // and body.
 func (n *Node) HTTPGet(ctx context.Context, addr, path string) (int, string, error) {
-	return httpGetIn(ctx, n.NS, addr, path)
-}
-
-func httpGetIn(ctx context.Context, ns *netlab.NetNS, addr, path string) (int, string, error) {
-	hc := &http.Client{Transport: &http.Transport{DialContext: ns.DialContext, DisableKeepAlives: true}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, string(b), err
+	return n.NS.HTTPGet(ctx, "http://"+addr+path)
 }
 
 // AgentHealthy asks the node's agent for /healthz.
