@@ -20,8 +20,9 @@ manifests: ## Generate CRDs and RBAC roles from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=proxyshift-agent paths=./nodeagent/... output:rbac:artifacts:config=config/rbac/agent
 
 .PHONY: generate
-generate: ## Generate DeepCopy methods.
+generate: ## Generate DeepCopy methods and the Dockerfiles (from images/*/image.yaml).
 	$(CONTROLLER_GEN) object paths=./api/...
+	for spec in $(IMAGE_SPECS); do go run ./hack/images -spec $$spec -dockerfile > $$(dirname $$spec)/Dockerfile; done
 
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.
@@ -100,6 +101,37 @@ demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables und
 .PHONY: run
 run: ## Run the operator against the cluster in $KUBECONFIG.
 	go run ./cmd/operator --leader-elect=false
+
+##@ Images
+
+# The images: images/<name>/image.yaml says what goes into each; `make
+# images` builds them with hack/images (no Docker, no registry) as OCI
+# archives under bin/images/, named as config/ refers to them. Every file is
+# dated at the commit, so a rebuild of the same commit gives the same digest.
+IMAGE_SPECS := images/operator/image.yaml images/agent/image.yaml
+REGISTRY ?= ghcr.io/proxyshift
+TAG ?= dev
+IMG_OPERATOR ?= $(REGISTRY)/proxyshift-operator:$(TAG)
+IMG_AGENT ?= $(REGISTRY)/proxyshift-agent:$(TAG)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+
+.PHONY: images
+images: ## Build bin/images/proxyshift-{operator,agent}.oci.tar (import: ctr -n k8s.io images import FILE); prints their digests.
+	hack/install-deps.sh
+	go build -o bin/images-tool ./hack/images
+	bin/images-tool -spec images/operator/image.yaml -ref $(IMG_OPERATOR) -out bin/images/proxyshift-operator.oci.tar
+	bin/images-tool -spec images/agent/image.yaml -ref $(IMG_AGENT) -out bin/images/proxyshift-agent.oci.tar
+
+.PHONY: docker-build
+docker-build: ## Build the images with Docker instead (same contents; the generated images/*/Dockerfile). IMG_OPERATOR=... IMG_AGENT=...
+	docker build -f images/operator/Dockerfile -t $(IMG_OPERATOR) .
+	docker build -f images/agent/Dockerfile -t $(IMG_AGENT) .
+
+.PHONY: docker-push
+docker-push: ## Push the images docker-build built.
+	docker push $(IMG_OPERATOR)
+	docker push $(IMG_AGENT)
 
 ##@ Deployment
 
