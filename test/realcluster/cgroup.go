@@ -129,6 +129,17 @@ func (cg *cgroup) runtimeProcs() []string {
 	return files
 }
 
+// exec is the command line prefix that runs a program in path/runtime: a
+// shell writes 0 (itself) to its cgroup.procs in every hierarchy, then
+// execs the program, which thereby starts inside the cgroup with
+// everything it forks. (Cgroup v1 has no way to start a process inside a
+// cgroup; v2's clone3 CLONE_INTO_CGROUP does not apply.)
+func (cg *cgroup) exec() []string {
+	argv := []string{"sh", "-c", `while [ "$1" != -- ]; do echo 0 > "$1"; shift; done; shift; exec "$@"`, "sh"}
+	argv = append(argv, cg.runtimeProcs()...)
+	return append(argv, "--")
+}
+
 // dirs lists the cgroup's directories in every hierarchy, deepest first,
 // for removal (a cgroup goes only once its children have).
 func (cg *cgroup) dirs() []string {

@@ -26,7 +26,7 @@
 //
 // Start needs root. The binaries come from hack/realcluster.sh (built
 // from their Go modules once, cached under ~/.cache/proxyshift), the
-// images from hack/images (cached under bin/images). From a test:
+// images are built with hack/images in each run. From a test:
 //
 //	c, err := realcluster.Start(ctx, realcluster.Options{Logf: t.Logf})
 //	if err != nil { t.Fatal(err) }
@@ -72,9 +72,6 @@ type Options struct {
 	// BinDir holds the binaries hack/realcluster.sh builds (default: what
 	// it prints, building them the first time).
 	BinDir string
-	// ImagesDir holds the image archives (default RepoDir/bin/images);
-	// each is built with hack/images unless there already.
-	ImagesDir string
 	// RepoDir is the proxyshift source tree (default: the tree this
 	// package was compiled from).
 	RepoDir string
@@ -189,9 +186,6 @@ func (o *Options) defaults() error {
 	}
 	if o.RepoDir == "" {
 		o.RepoDir = cluster.RepoRoot()
-	}
-	if o.ImagesDir == "" {
-		o.ImagesDir = filepath.Join(o.RepoDir, "bin", "images")
 	}
 	return nil
 }

@@ -255,14 +255,8 @@ func (n *Node) mount(ctx context.Context) error {
 }
 
 // inCgroup returns the command line prefix that runs a program in the
-// node's namespaces and its runtime cgroup: a shell there writes 0 (itself)
-// to the cgroup's cgroup.procs in every hierarchy, then execs the program,
-// which thereby starts inside the cgroup with everything it forks.
-func (n *Node) inCgroup() []string {
-	argv := append(n.enter(), "sh", "-c", `while [ "$1" != -- ]; do echo 0 > "$1"; shift; done; shift; exec "$@"`, "sh")
-	argv = append(argv, n.cg.runtimeProcs()...)
-	return append(argv, "--")
-}
+// node's namespaces and its runtime cgroup.
+func (n *Node) inCgroup() []string { return append(n.enter(), n.cg.exec()...) }
 
 // startContainerd starts the node's containerd and waits for its API.
 func (n *Node) startContainerd(ctx context.Context) error {
