@@ -63,6 +63,9 @@ type Spec struct {
 	PKI *PKI
 	// Env is the processes' environment.
 	Env []string
+	// Authorization is the API server's --authorization-mode (default
+	// RBAC).
+	Authorization string
 	// APIServerArgs are appended to the API server's flags (a later flag
 	// overrides an earlier one).
 	APIServerArgs []string
@@ -122,6 +125,9 @@ func Start(ctx context.Context, spec Spec) (*ControlPlane, error) {
 	if err != nil {
 		return cp, err
 	}
+	if spec.Authorization == "" {
+		spec.Authorization = "RBAC"
+	}
 	args := append([]string{
 		"--etcd-servers=" + etcdClientURL,
 		// All addresses of the control-plane namespace: its fabric address
@@ -134,7 +140,7 @@ func Start(ctx context.Context, spec Spec) (*ControlPlane, error) {
 		"--tls-cert-file=" + pki.Path("apiserver.crt"),
 		"--tls-private-key-file=" + pki.Path("apiserver.key"),
 		"--client-ca-file=" + pki.Path("ca.crt"),
-		"--authorization-mode=RBAC",
+		"--authorization-mode=" + spec.Authorization,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pki.Path("sa.pub"),
 		"--service-account-signing-key-file=" + pki.Path("sa.key"),

@@ -272,13 +272,15 @@ var (
 func WaitFor(ctx context.Context, what string, interval time.Duration, procs []*Process, check func(context.Context) error) error {
 	var last error
 	for {
-		if last = check(ctx); last == nil {
-			return nil
-		}
+		// A process that exited fails the wait at once, before a check
+		// that would wait for it in vain.
 		for _, p := range procs {
 			if done, exitErr := p.Exited(); isClosedRO(done) {
 				return fmt.Errorf("%s: %s exited (%v); end of %s:\n%s", what, p.Name, exitText(exitErr()), p.Log, LastRunLog(p.Log))
 			}
+		}
+		if last = check(ctx); last == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():

@@ -153,9 +153,9 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	cp, err := controlplane.Start(ctx, controlplane.Spec{
 		NS: c.ControlPlane, IP: cluster.APIServerIP, Port: cluster.APIServerPort, ServiceCIDR: cluster.ServiceCIDR,
 		BinDir: c.BinDir, RunDir: c.RunDir, LogDir: c.LogDir, PKI: c.pki, Env: c.childEnv,
-		ForwardAddr: c.opts.ForwardAddr,
+		ForwardAddr:   c.opts.ForwardAddr,
+		Authorization: "Node,RBAC",
 		APIServerArgs: []string{
-			"--authorization-mode=Node,RBAC",
 			"--enable-admission-plugins=NodeRestriction",
 			"--kubelet-client-certificate=" + c.pki.Path("apiserver-kubelet-client.crt"),
 			"--kubelet-client-key=" + c.pki.Path("apiserver-kubelet-client.key"),
