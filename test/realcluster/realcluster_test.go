@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -32,6 +33,7 @@ func TestRealCluster(t *testing.T) {
 	if err := CanRun(); err != nil {
 		t.Skipf("this machine cannot run kubelets: %v", err)
 	}
+	hostSysctls := readHostSysctls(t)
 	c, err := Start(t.Context(), Options{Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
@@ -52,13 +54,39 @@ func TestRealCluster(t *testing.T) {
 	}
 
 	t.Run("nodes", func(t *testing.T) { checkNodes(t, c) })
+	t.Run("host untouched", func(t *testing.T) {
+		// The kubelets set these; each node's mount namespace gave them a
+		// file to write instead.
+		if now := readHostSysctls(t); !maps.Equal(now, hostSysctls) {
+			t.Errorf("host sysctls changed: before %v, now %v", hostSysctls, now)
+		}
+		for _, n := range c.Nodes {
+			out, err := n.Exec(t.Context(), "cat", "/proc/sys/vm/overcommit_memory")
+			if err != nil || strings.TrimSpace(string(out)) != "1" {
+				t.Errorf("%s: vm.overcommit_memory inside the node is %q (%v), want the kubelet's 1", n.Name, out, err)
+			}
+		}
+	})
 	t.Run("kube-proxy serves every node", func(t *testing.T) { checkTraffic(t, c, "") })
 	t.Run("relabelled pod leaves slice, rules and traffic", func(t *testing.T) { checkRelabel(t, c) })
 
+	// What Leftovers finds while the cluster runs: each node's processes
+	// (its PID namespace) and cgroup, the namespaces.
+	running := strings.Join(c.Leftovers(), "\n")
+	for _, n := range c.Nodes {
+		for _, want := range []string{"(kubelet) in " + n.Name, "(containerd) in " + n.Name, "cgroup " + n.cfg.CgroupRoot, "network namespace " + n.NS.Name} {
+			if !strings.Contains(running, want) {
+				t.Errorf("Leftovers of the running cluster lack %q:\n%s", want, running)
+			}
+		}
+	}
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	closed = true
+	if now := readHostSysctls(t); !maps.Equal(now, hostSysctls) {
+		t.Errorf("host sysctls changed: before %v, after %v", hostSysctls, now)
+	}
 	if left := c.Leftovers(); len(left) > 0 {
 		t.Errorf("left on the machine after Close:\n  %s", strings.Join(left, "\n  "))
 	}
@@ -83,8 +111,8 @@ func checkNodes(t *testing.T, c *Cluster) {
 			continue
 		}
 		info := node.Status.NodeInfo
-		if info.KubeletVersion != "v1.37.2" || info.ContainerRuntimeVersion != "containerd://v2.4.2" {
-			t.Errorf("%s: kubelet %q, runtime %q; want v1.37.2 and containerd://v2.4.2", node.Name, info.KubeletVersion, info.ContainerRuntimeVersion)
+		if info.KubeletVersion != "v1.37.2" || info.ContainerRuntimeVersion != "containerd://2.4.2" {
+			t.Errorf("%s: kubelet %q, runtime %q; want v1.37.2 and containerd://2.4.2", node.Name, info.KubeletVersion, info.ContainerRuntimeVersion)
 		}
 		var internal []string
 		for _, a := range node.Status.Addresses {
@@ -231,6 +259,19 @@ func checkRelabel(t *testing.T, c *Cluster) {
 	if err != nil || name != victim {
 		t.Errorf("the relabelled pod at %s:8080 answers %q, %v; want %s still serving", ip, name, err, victim)
 	}
+}
+
+// readHostSysctls reads the host-wide sysctls the kubelet sets.
+func readHostSysctls(t *testing.T) map[string]string {
+	out := map[string]string{}
+	for _, s := range kubeletSysctls {
+		b, err := os.ReadFile("/proc/sys/" + s.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[s.key] = strings.TrimSpace(string(b))
+	}
+	return out
 }
 
 // natRules is the nat table of the node's iptables (nft backend, which

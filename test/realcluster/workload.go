@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,49 +36,44 @@ const (
 	KubeProxySelector = "k8s-app=kube-proxy"
 )
 
+// podSet is a group of pods applyWorkloads waits for.
+type podSet struct {
+	file, namespace, selector string
+	count                     int
+}
+
 // applyWorkloads applies kube-proxy's manifests and the workload's with
 // kubectl, as a user would, and waits for their pods to run and be ready
 // (one kube-proxy per node, the Deployment's replicas), noting how long
 // each pod took from its creation to Running.
 func (c *Cluster) applyWorkloads(ctx context.Context) error {
-	var want []struct {
-		ns, selector string
-		count        int
+	var sets []podSet
+	if !c.opts.NoKubeProxy {
+		sets = append(sets, podSet{"kube-proxy.yaml", "kube-system", KubeProxySelector, len(c.Nodes)})
 	}
-	for _, m := range []struct {
-		skip         bool
-		file         string
-		ns, selector string
-		count        int
-	}{
-		{c.opts.NoKubeProxy, "kube-proxy.yaml", "kube-system", KubeProxySelector, len(c.Nodes)},
-		{c.opts.NoWorkload, "web.yaml", WorkloadNamespace, WebSelector, webReplicas},
-	} {
-		if m.skip {
-			continue
-		}
-		if _, err := c.Kubectl(ctx, "apply", "-f", filepath.Join(c.opts.RepoDir, "test", "realcluster", "manifests", m.file)); err != nil {
-			return err
-		}
-		want = append(want, struct {
-			ns, selector string
-			count        int
-		}{m.ns, m.selector, m.count})
+	if !c.opts.NoWorkload {
+		sets = append(sets, podSet{"web.yaml", WorkloadNamespace, WebSelector, webReplicas})
 	}
-	// Poll the pods: a pod's creation is its first sighting (the
-	// controllers create them within milliseconds of the apply), its start
-	// the first sighting Running.
-	seen := map[string]time.Time{}
-	running := map[string]bool{}
-	ctx, cancel := context.WithTimeout(ctx, readyBudget)
-	defer cancel()
-	return controlplane.WaitFor(ctx, "pods running and ready", 100*time.Millisecond, c.Processes(), func(ctx context.Context) error {
-		for _, w := range want {
-			pods, err := c.Kube.CoreV1().Pods(w.ns).List(ctx, metav1.ListOptions{LabelSelector: w.selector})
+	// Pods are watched from before the apply: a pod's creation is its
+	// first sighting (polled every 100ms), its start the first sighting
+	// Running (the API's timestamps have whole seconds only).
+	var (
+		mu      sync.Mutex
+		ready   = map[string]int{}
+		seen    = map[string]time.Time{}
+		running = map[string]bool{}
+		lastErr error
+	)
+	poll := func(ctx context.Context) {
+		for _, set := range sets {
+			pods, err := c.Kube.CoreV1().Pods(set.namespace).List(ctx, metav1.ListOptions{LabelSelector: set.selector})
+			mu.Lock()
 			if err != nil {
-				return err
+				lastErr = err
+				mu.Unlock()
+				continue
 			}
-			ready := 0
+			n := 0
 			for _, p := range pods.Items {
 				key := p.Namespace + "/" + p.Name
 				if _, ok := seen[key]; !ok {
@@ -90,11 +86,40 @@ func (c *Cluster) applyWorkloads(ctx context.Context) error {
 					c.logf("  %-38s %6.2fs (%s)", key+" Running", d.Seconds(), p.Spec.NodeName)
 				}
 				if podReady(&p) {
-					ready++
+					n++
 				}
 			}
-			if ready < w.count {
-				return fmt.Errorf("%d of %d pods %s in %s ready", ready, w.count, w.selector, w.ns)
+			ready[set.selector] = n
+			mu.Unlock()
+		}
+	}
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for pollCtx.Err() == nil {
+			poll(pollCtx)
+			select {
+			case <-pollCtx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { stopPoll(); <-polled }()
+
+	for _, set := range sets {
+		if _, err := c.Kubectl(ctx, "apply", "-f", filepath.Join(c.opts.RepoDir, "test", "realcluster", "manifests", set.file)); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyBudget)
+	defer cancel()
+	return controlplane.WaitFor(ctx, "pods running and ready", 100*time.Millisecond, c.Processes(), func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, set := range sets {
+			if ready[set.selector] < set.count {
+				return fmt.Errorf("%d of %d pods %s in %s ready (%v)", ready[set.selector], set.count, set.selector, set.namespace, lastErr)
 			}
 		}
 		return nil
@@ -163,7 +188,9 @@ func (c *Cluster) WebTargets(ctx context.Context) ([]Target, error) {
 }
 
 // waitServices waits until every way into the web Services (WebTargets)
-// is answered by one of the Deployment's pods.
+// has been answered by every one of the Deployment's pods: the pods
+// become ready one by one, and each node's proxy learns of each on its own
+// schedule, so one answer does not mean that a node serves them all.
 func (c *Cluster) waitServices(ctx context.Context) error {
 	targets, err := c.WebTargets(ctx)
 	if err != nil {
@@ -176,13 +203,18 @@ func (c *Cluster) waitServices(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, servicesBudget)
 	defer cancel()
 	for _, t := range targets {
-		err := controlplane.WaitFor(ctx, fmt.Sprintf("%s from %s answers", t.Addr, t.From), 200*time.Millisecond, c.Processes(), func(context.Context) error {
+		answered := map[string]bool{}
+		err := controlplane.WaitFor(ctx, fmt.Sprintf("%s from %s answered by every pod", t.Addr, t.From), 50*time.Millisecond, c.Processes(), func(context.Context) error {
 			name, err := t.NS.Request(netlab.TCP, t.Addr, time.Second)
 			if err != nil {
 				return err
 			}
 			if _, ok := pods[name]; !ok {
 				return fmt.Errorf("answered by %q, not one of the pods %v", name, slices.Sorted(maps.Keys(pods)))
+			}
+			answered[name] = true
+			if len(answered) < len(pods) {
+				return fmt.Errorf("answered by %v of %v so far", slices.Sorted(maps.Keys(answered)), slices.Sorted(maps.Keys(pods)))
 			}
 			return nil
 		})
