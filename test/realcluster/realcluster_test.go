@@ -2,8 +2,12 @@ package realcluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -68,6 +72,7 @@ func TestRealCluster(t *testing.T) {
 		}
 	})
 	t.Run("kube-proxy serves every node", func(t *testing.T) { checkTraffic(t, c, "") })
+	t.Run("pods reach the Services and the API server", func(t *testing.T) { checkFromPods(t, c) })
 	t.Run("relabelled pod leaves slice, rules and traffic", func(t *testing.T) { checkRelabel(t, c) })
 
 	// What Leftovers finds while the cluster runs: each node's processes
@@ -172,6 +177,52 @@ func checkTraffic(t *testing.T, c *Cluster, excluded string) {
 		}
 		if len(pods) > 1 && len(tally.Names()) < 2 {
 			t.Errorf("%s → %s: every answer from %v; kube-proxy should spread new connections", tg.From, tg.Addr, tally.Names())
+		}
+	}
+}
+
+// checkFromPods sends traffic from inside each web pod: through the web
+// Service's cluster IP, answered by every pod including the sender itself
+// (hairpin through its own node's bridge, which needs the bridge netfilter
+// hook on in the node's namespace), and to the API server through the
+// kubernetes Service, as in-cluster clients (the operator) reach it.
+func checkFromPods(t *testing.T, c *Cluster) {
+	ctx := t.Context()
+	pods, err := c.WebPods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := c.ClusterIP(ctx, WorkloadNamespace, WebService)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubernetes, err := c.ClusterIP(ctx, "default", "kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.Config.TLSClientConfig.CAData)
+	for _, name := range slices.Sorted(maps.Keys(pods)) {
+		ns, closeNS, err := c.PodNetNS(ctx, WorkloadNamespace, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeNS()
+		tally := ns.Spread(netlab.TCP, netip.AddrPortFrom(ip, WebPort), requests, 2*time.Second)
+		t.Logf("pod %s → %s:%d %s", name, ip, WebPort, tally)
+		if tally.Answered() != requests || tally.Answers[name] == 0 {
+			t.Errorf("pod %s → %s:%d: %d of %d answered, %d by itself (first failure: %v)", name, ip, WebPort, tally.Answered(), requests, tally.Answers[name], tally.FirstErr)
+		}
+		hc := &http.Client{Transport: &http.Transport{DialContext: ns.DialContext, TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+		resp, err := hc.Get("https://" + netip.AddrPortFrom(kubernetes, 443).String() + "/version")
+		if err != nil {
+			t.Errorf("pod %s → kubernetes Service %s:443: %v", name, kubernetes, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"gitVersion": "v1.37.2"`) {
+			t.Errorf("pod %s → kubernetes Service /version: %s %s", name, resp.Status, body)
 		}
 	}
 }

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -223,4 +226,34 @@ func (c *Cluster) waitServices(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// PodNetNS opens the network namespace of pod namespace/name (found
+// through a process of the pod: its cgroup path names the pod's UID), so
+// a test can send traffic from inside a pod. The caller closes it.
+func (c *Cluster) PodNetNS(ctx context.Context, namespace, name string) (*netlab.NetNS, func(), error) {
+	pod, err := c.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if pod.Spec.HostNetwork {
+		return nil, nil, fmt.Errorf("pod %s/%s uses its node's network namespace", namespace, name)
+	}
+	marker := "/pod" + string(pod.UID) + "/"
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range procs {
+		cg, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
+		if err != nil || !strings.Contains(string(cg), marker) {
+			continue
+		}
+		h, err := netns.GetFromPath(filepath.Join("/proc", p.Name(), "ns", "net"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		return &netlab.NetNS{Name: "pod " + namespace + "/" + name, Handle: h}, func() { _ = h.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("no process of pod %s/%s (uid %s) found", namespace, name, pod.UID)
 }
