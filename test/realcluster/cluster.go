@@ -41,10 +41,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -52,6 +50,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/test/cluster"
 	"github.com/proxyshift/proxyshift/test/controlplane"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -124,28 +123,20 @@ type Cluster struct {
 	// Timings are the durations of Start's steps, in order; Pods how long
 	// each pod the harness created (kube-proxy's, the Deployment's) took
 	// from its creation to Running.
-	Timings []Timing
-	Pods    []Timing
+	Timings []harness.Timing
+	Pods    []harness.Timing
 
-	opts     Options
-	seq      int64
-	pki      *controlplane.PKI
-	cp       *controlplane.ControlPlane
-	fabric   *netlab.Fabric
-	childEnv []string
-	pauseBin string
-	ownRun   bool
+	opts       Options
+	pki        *controlplane.PKI
+	cp         *controlplane.ControlPlane
+	fabric     *netlab.Fabric
+	run        *harness.RunDir
+	childEnv   []string
+	pauseBin   string
+	namespaces *netlab.Namespaces
 
-	mu         sync.Mutex
-	namespaces []*netlab.NetNS
-	closeOnce  sync.Once
-	closeErr   error
-}
-
-// Timing is how long one step (or one node, or one pod) took.
-type Timing struct {
-	Step     string
-	Duration time.Duration
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // nsPrefix starts the names of the namespaces the harness creates
@@ -159,8 +150,6 @@ const (
 	readyBudget    = 3 * time.Minute
 	servicesBudget = 2 * time.Minute
 )
-
-var clusterSeq atomic.Int64
 
 // binaries are the programs Start needs from BinDir.
 var binaries = []string{
@@ -186,6 +175,9 @@ func (o *Options) defaults() error {
 	}
 	if o.RepoDir == "" {
 		o.RepoDir = cluster.RepoRoot()
+	}
+	if o.Logf == nil {
+		o.Logf = harness.Quiet
 	}
 	return nil
 }
@@ -221,7 +213,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: opts, seq: clusterSeq.Add(1)}
+	c := &Cluster{opts: opts, namespaces: netlab.NewNamespaces(nsPrefix)}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 	if err := c.start(ctx); err != nil {
@@ -233,23 +225,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-func (c *Cluster) logf(format string, args ...any) {
-	if c.opts.Logf != nil {
-		c.opts.Logf(format, args...)
-	}
-}
+func (c *Cluster) logf(format string, args ...any) { c.opts.Logf(format, args...) }
 
 // step runs one step of Start and records its duration.
 func (c *Cluster) step(name string, fn func() error) error {
-	start := time.Now()
-	err := fn()
-	d := time.Since(start)
-	c.Timings = append(c.Timings, Timing{Step: name, Duration: d})
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	c.logf("%-40s %6.2fs", name, d.Seconds())
-	return nil
+	return harness.Step(&c.Timings, c.opts.Logf, name, fn)
 }
 
 func (c *Cluster) start(ctx context.Context) error {
@@ -258,7 +238,13 @@ func (c *Cluster) start(ctx context.Context) error {
 	netlab.SweepStale(nsPrefix, c.logf)
 	sweepStaleCgroups(c.logf)
 
-	if err := c.step("run directory", c.makeRunDir); err != nil {
+	if err := c.step("run directory", func() (err error) {
+		if c.run, err = harness.NewRunDir(o.RunDir, "proxyshift-realcluster-"); err != nil {
+			return err
+		}
+		c.RunDir, c.LogDir = c.run.Dir, c.run.LogDir
+		return nil
+	}); err != nil {
 		return err
 	}
 	c.logf("run directory %s", c.RunDir)
@@ -269,7 +255,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		// The processes get a minimal environment with HOME in the run
 		// directory, so nothing (kubectl's cache, say) lands in the real
 		// one; containerd finds its shim in BinDir through PATH.
-		c.childEnv = append(c.childEnv, "PATH="+strings.Join([]string{c.BinDir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}, ":"))
+		c.childEnv = append(c.run.Env, "PATH="+strings.Join([]string{c.BinDir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}, ":"))
 		return nil
 	}); err != nil {
 		return err
@@ -307,8 +293,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	for _, n := range c.Nodes {
-		c.Timings = append(c.Timings, Timing{Step: n.Name + " Ready", Duration: n.ReadyAfter})
-		c.logf("  %-38s %6.2fs", n.Name+" Ready", n.ReadyAfter.Seconds())
+		harness.Record(&c.Timings, c.opts.Logf, n.Name+" Ready", n.ReadyAfter)
 	}
 	if err := c.step("workloads Running", func() error { return c.applyWorkloads(ctx) }); err != nil {
 		return err
@@ -318,33 +303,7 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 	}
-	c.Timings = append(c.Timings, Timing{Step: "bring-up", Duration: time.Since(begin)})
-	c.logf("%-40s %6.2fs", "bring-up", time.Since(begin).Seconds())
-	return nil
-}
-
-func (c *Cluster) makeRunDir() error {
-	if c.opts.RunDir == "" {
-		dir, err := os.MkdirTemp("", "proxyshift-realcluster-")
-		if err != nil {
-			return err
-		}
-		c.RunDir, c.ownRun = dir, true
-	} else {
-		dir, err := filepath.Abs(c.opts.RunDir)
-		if err != nil {
-			return err
-		}
-		c.RunDir = dir
-	}
-	c.LogDir = filepath.Join(c.RunDir, "logs")
-	home := filepath.Join(c.RunDir, "home")
-	for _, d := range []string{c.LogDir, home} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	c.childEnv = []string{"HOME=" + home}
+	harness.Record(&c.Timings, c.opts.Logf, "bring-up", time.Since(begin))
 	return nil
 }
 
@@ -439,16 +398,8 @@ func (c *Cluster) close() error {
 		add(c.cp.Stop())
 	}
 	add(unmountUnder(c.RunDir))
-	c.mu.Lock()
-	nss := slices.Clone(c.namespaces)
-	c.namespaces = nil
-	c.mu.Unlock()
-	for i := len(nss) - 1; i >= 0; i-- {
-		add(nss[i].Delete())
-	}
-	if c.ownRun && !c.opts.KeepRunDir && c.RunDir != "" {
-		add(os.RemoveAll(c.RunDir))
-	}
+	add(c.namespaces.DeleteAll())
+	add(c.run.Remove(c.opts.KeepRunDir))
 	return errors.Join(errs...)
 }
 
