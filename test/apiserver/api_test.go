@@ -6,6 +6,8 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -182,6 +184,64 @@ func TestAPI(t *testing.T) {
 		}
 		if got := canI("update", "proxyconfigs", "--subresource=status", "--as=system:serviceaccount:proxyshift-system:proxyshift-operator"); got != "yes" {
 			t.Errorf("operator may not update ProxyConfig status (kubectl auth can-i said %q)", got)
+		}
+	})
+
+	t.Run("ImagesMatchWhatMakeImagesBuilds", func(t *testing.T) {
+		// config/default runs the images images/*/image.yaml name (what
+		// `make images` tags); config/local runs the same images and never
+		// pulls them, since they are imported onto the nodes.
+		want := map[string]string{}
+		for _, c := range []string{"operator", "agent"} {
+			b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "images", c, "image.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var spec struct {
+				Ref string `json:"ref"`
+			}
+			if err := yaml.Unmarshal(b, &spec); err != nil {
+				t.Fatal(err)
+			}
+			want["proxyshift-"+c] = spec.Ref
+		}
+		for _, overlay := range []struct {
+			dir, pullPolicy string
+		}{{"config/default", ""}, {"config/local", "Never"}} {
+			rendered, err := env.Kubectl(t, "kustomize", overlay.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := 0
+			for _, doc := range strings.Split(rendered, "\n---\n") {
+				var obj struct {
+					Kind     string
+					Metadata struct{ Name string }
+					Spec     struct {
+						Template struct {
+							Spec struct {
+								Containers []struct{ Image, ImagePullPolicy string }
+							}
+						}
+					}
+				}
+				if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+					t.Fatalf("%s: %v", overlay.dir, err)
+				}
+				if obj.Kind != "Deployment" && obj.Kind != "DaemonSet" {
+					continue
+				}
+				for _, c := range obj.Spec.Template.Spec.Containers {
+					seen++
+					if c.Image != want[obj.Metadata.Name] || c.ImagePullPolicy != overlay.pullPolicy {
+						t.Errorf("%s: %s %s runs %q pullPolicy %q; want %q pullPolicy %q",
+							overlay.dir, obj.Kind, obj.Metadata.Name, c.Image, c.ImagePullPolicy, want[obj.Metadata.Name], overlay.pullPolicy)
+					}
+				}
+			}
+			if seen != 2 {
+				t.Errorf("%s renders %d containers, want the operator's and the agent's", overlay.dir, seen)
+			}
 		}
 	})
 
