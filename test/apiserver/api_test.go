@@ -266,8 +266,9 @@ func TestAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectTable(t, out, []string{"NAME", "MODE", "PHASE", "UPDATED", "READY", "AGE"}, []string{"iptables", "iptables", "Progressing", "3/5", "False"})
-		// Not "pc": kubectl resolves that short name to the built-in PriorityClass.
-		out, err = env.Kubectl(t, "get", "proxyconfigs", "-o", "wide")
+		// The short name kubectl resolves to ProxyConfig: "pxc" ("pc" is
+		// the built-in PriorityClass's, which kubectl prefers).
+		out, err = env.Kubectl(t, "get", "pxc", "-o", "wide")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,6 +290,29 @@ func TestAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "1234", "10h"})
+	})
+
+	t.Run("ShortNamesResolveToProxyshift", func(t *testing.T) {
+		// kubectl resolves a short name to the first resource that declares
+		// it, built-in ones first: ours must be declared by nothing else.
+		for short, kind := range map[string]string{"pxc": "ProxyConfig", "pn": "ProxyNode"} {
+			out, err := env.Kubectl(t, "explain", short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "GROUP:      network.proxyshift.io") || !strings.Contains(out, "KIND:       "+kind) {
+				t.Errorf("kubectl explain %s does not describe network.proxyshift.io %s:\n%.400s", short, kind, out)
+			}
+		}
+		out, err := env.Kubectl(t, "api-resources", "--api-group=network.proxyshift.io", "--no-headers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, short := range strings.Fields(out) {
+			if short == "pc" {
+				t.Errorf("a proxyshift kind still declares the short name pc, which kubectl resolves to PriorityClass:\n%s", out)
+			}
+		}
 	})
 
 	t.Run("KernelSettingsInStatus", func(t *testing.T) {
