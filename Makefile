@@ -37,8 +37,9 @@ controlplane: ## Build (once) and print the test control plane directory.
 	@hack/controlplane.sh
 
 .PHONY: test
-test: verify ## Run every test: real API server, real netfilter, then the VM's kernel tests.
+test: verify ## Run every test: real API server, real netfilter, the real-node cluster, then the VM's kernel tests.
 	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
 	hack/vm/run.sh
 
@@ -46,6 +47,12 @@ test: verify ## Run every test: real API server, real netfilter, then the VM's k
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
+
+.PHONY: test-real
+test-real: ## Run the real-node cluster's test (3 nodes with containerd and kubelet v1.37.2, kube-proxy, a Deployment; test/realcluster); as root.
+	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
+	hack/gotest.sh -v ./test/realcluster/
 
 .PHONY: test-vm
 test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.
@@ -76,6 +83,14 @@ build: ## Build the operator, the agent and the kubectl plugin (kubectl-proxyshi
 cluster: ## Run a local cluster (API server, operator, 3 node namespaces with agents, pods, Services) until Ctrl-C; as root. CLUSTER_FLAGS="-nodes 5 -mode iptables"
 	go build -o bin/localcluster ./hack/cluster
 	exec bin/localcluster $(CLUSTER_FLAGS)
+
+.PHONY: cluster-real
+cluster-real: ## Run the real-node cluster (control plane, 3 nodes with containerd and kubelet v1.37.2, kube-proxy, a Deployment) until Ctrl-C; as root. CLUSTER_REAL_FLAGS="-nodes 2"
+	@if [ "$$(id -u)" != 0 ]; then echo "make cluster-real needs root: it creates network, mount and PID namespaces and cgroups. Run: sudo make cluster-real" >&2; exit 1; fi
+	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
+	go build -o bin/cluster-real ./hack/cluster-real
+	exec bin/cluster-real $(CLUSTER_REAL_FLAGS)
 
 .PHONY: demo
 demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables under traffic, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"

@@ -30,7 +30,15 @@ mapfile -t closure < <(apt-cache depends --recurse --no-recommends --no-suggests
 mapfile -t files < <(apt-cache show --no-all-versions "${closure[@]}" | sed -n 's#^Filename: .*/##p')
 [ ${#files[@]} -eq ${#closure[@]} ] || { echo "debs: no single candidate for each of ${closure[*]}" >&2; exit 1; }
 for i in "${!closure[@]}"; do
-  [ -f "$cache/${files[$i]}" ] || (cd "$cache" && apt-get download -qq -o APT::Sandbox::User=root "${closure[$i]}" >&2)
+  if [ ! -f "$cache/${files[$i]}" ]; then
+    # apt-get download names the file after the version with its epoch
+    # ("libgmp10_2%3a6.2.1..."), the archive's Filename leaves it out: fetch
+    # into a directory of its own and store it under the archive's name.
+    dl="$(mktemp -d "$cache/download.XXXXXX")"
+    (cd "$dl" && apt-get download -qq -o APT::Sandbox::User=root "${closure[$i]}" >&2)
+    mv "$dl"/*.deb "$cache/${files[$i]}"
+    rmdir "$dl"
+  fi
   dpkg-deb -x "$cache/${files[$i]}" "$rootfs"
   echo "${files[$i]%_*.deb}" | sed 's/_/=/'
 done
