@@ -74,9 +74,10 @@ bench: ## Benchmark the agent beside kube-proxy v1.37.2 (built once from its mod
 ##@ Build
 
 .PHONY: build
-build: ## Build the operator and the agent into bin/.
+build: ## Build the operator, the agent and the kubectl plugin (kubectl-proxyshift) into bin/.
 	CGO_ENABLED=0 go build -o bin/proxyshift-operator ./cmd/operator
 	CGO_ENABLED=0 go build -o bin/proxyshift-agent ./cmd/agent
+	CGO_ENABLED=0 go build -o bin/kubectl-proxyshift ./cmd/kubectl-proxyshift
 
 .PHONY: cluster
 cluster: ## Run a local cluster (API server, operator, 3 node namespaces with agents, pods, Services) until Ctrl-C; as root. CLUSTER_FLAGS="-nodes 5 -mode iptables"
