@@ -39,7 +39,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -48,6 +47,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/cluster"
 	"github.com/proxyshift/proxyshift/test/controlplane"
 	"github.com/proxyshift/proxyshift/test/harness"
@@ -140,8 +140,8 @@ type Cluster struct {
 }
 
 // nsPrefix starts the names of the namespaces the harness creates
-// ("psr-<pid>-<cluster>-<role>", see netlab.OwnedName); cgroups take the
-// same form.
+// ("psr-<pid>-<run>-<role>", see netlab.Namespaces); the nodes' cgroups
+// take the same form.
 const nsPrefix = cgroupPrefix
 
 // Budgets for the waits (a busy machine is slow; a healthy one needs a
@@ -182,10 +182,10 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// CanRun says why this machine cannot run the cluster (nil when it can):
-// it needs root, cgroup hierarchies, and the Debian packages
-// hack/install-deps.sh installs (runc, the CNI plugins, util-linux's
-// unshare and nsenter, mount).
+// CanRun says why this machine cannot run kubelets (nil when it can): it
+// needs root and cgroup hierarchies. (Missing binaries are built, and
+// missing Debian packages are an error of Start naming
+// hack/install-deps.sh, not a reason to skip.)
 func CanRun() error {
 	if os.Geteuid() != 0 {
 		return errors.New("the real-node cluster needs root (network, mount and PID namespaces, cgroups)")
@@ -193,8 +193,15 @@ func CanRun() error {
 	if m, err := cgroupMounts(); err != nil || len(m) == 0 {
 		return fmt.Errorf("no cgroup hierarchy mounted (%v)", err)
 	}
+	return nil
+}
+
+// checkTools fails naming the first missing program of the Debian
+// packages hack/install-deps.sh installs: runc, the CNI plugins,
+// util-linux's unshare, nsenter and mount.
+func checkTools() error {
 	for _, b := range []string{"runc", "unshare", "nsenter", "mount", filepath.Join(cniBinDir, "bridge"), filepath.Join(cniBinDir, "host-local"), filepath.Join(cniBinDir, "loopback")} {
-		if _, err := exec.LookPath(b); err != nil {
+		if _, err := nsexec.LookPath(b); err != nil {
 			return fmt.Errorf("%s is missing (run hack/install-deps.sh): %w", b, err)
 		}
 	}
@@ -208,6 +215,9 @@ func CanRun() error {
 // the log of a process that exited. The caller must Close the cluster.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := CanRun(); err != nil {
+		return nil, err
+	}
+	if err := checkTools(); err != nil {
 		return nil, err
 	}
 	if err := opts.defaults(); err != nil {
