@@ -57,12 +57,12 @@ type Tracker struct {
 // Tracker's lock held.
 func NewTracker(nodeName string, onError func(error)) *Tracker {
 	return &Tracker{
-		nodeName: nodeName,
-		onError:  onError,
-		changed:  make(chan struct{}, 1),
-		services: map[ServiceName]*corev1.Service{},
-		slices:   map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
-		owner:    map[types.NamespacedName]ServiceName{},
+		nodeName:  nodeName,
+		onError:   onError,
+		changed:   make(chan struct{}, 1),
+		services:  map[ServiceName]*corev1.Service{},
+		slices:    map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
+		owner:     map[types.NamespacedName]ServiceName{},
 		built:     map[ServiceName][]*ServicePort{},
 		buildErrs: map[ServiceName][]error{},
 		published: map[ServiceName][]*ServicePort{},
