@@ -61,3 +61,23 @@ func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.
 	slices.SortFunc(ips, netip.Addr.Compare)
 	return ips, nil
 }
+
+// OwnAddrs are the addresses no Service may take as an external address
+// on this node (see model.Refusal): the Node's InternalIPs and
+// ExternalIPs, and the addresses NodePorts answer on. Other local
+// addresses are left out on purpose: a load-balancer VIP that a component
+// such as kube-vip puts on an interface is the Service's, not the node's.
+func OwnAddrs(node *corev1.Node, nodePortIPs []netip.Addr) []netip.Addr {
+	out := slices.Clone(nodePortIPs)
+	if node != nil {
+		for _, a := range node.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}

@@ -31,6 +31,14 @@ const (
 	ReasonSyncFailed = "SyncFailed"
 	// ReasonNoMode: no mode is desired and none is programmed.
 	ReasonNoMode = "NoModeDesired"
+	// ReasonNotSynced: the agent's informers have not synced (the API
+	// server is unreachable, or denies the agent its lists); the kernel
+	// keeps the rules it holds until they do.
+	ReasonNotSynced = "InformersNotSynced"
+	// ReasonSettingsUnresolved: the spec's settings do not resolve on
+	// this node (nodePortAddresses: primary and the Node has no InternalIP
+	// yet, say); the agent keeps the rules it runs with until they do.
+	ReasonSettingsUnresolved = "SettingsUnresolved"
 	// ReasonAsExpected: nothing is wrong.
 	ReasonAsExpected = "AsExpected"
 	// Failure reasons of a switch (besides those of package facts:
@@ -86,6 +94,7 @@ type Reporter struct {
 	sw      Switch
 	sync    *Sync
 	kernel  *v1alpha1.KernelFacts
+	problem problem
 	written *v1alpha1.ProxyNodeStatus
 	base    *v1alpha1.ProxyNodeStatus // status as read at start
 	lastAt  time.Time
@@ -98,28 +107,39 @@ func New(c *Client, node string) *Reporter {
 	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1)}
 }
 
-// Start seeds the Reporter with the status the ProxyNode has, so
-// conditions keep their transition times across agent restarts, and
-// returns it (nil when the ProxyNode does not exist or cannot be read).
-func (r *Reporter) Start(ctx context.Context) *v1alpha1.ProxyNode {
-	if r.c == nil {
-		return nil
-	}
-	pn, err := r.c.Get(ctx, r.node)
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			klog.ErrorS(err, "Could not read this node's ProxyNode; status starts afresh", "proxynode", r.node)
-		}
-		return nil
-	}
+// Seed starts the Reporter from the status pn has (nil: none), so
+// conditions keep their transition times across agent restarts. What was
+// written before (a startup problem) is forgotten: pn shows it already.
+func (r *Reporter) Seed(pn *v1alpha1.ProxyNode) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written = nil
+	if pn == nil {
+		return
+	}
 	r.base = pn.Status.DeepCopy()
 	if pn.Status.Kernel != nil && r.kernel == nil {
 		r.kernel = pn.Status.Kernel.DeepCopy()
 	}
-	r.mu.Unlock()
-	return pn
 }
+
+// SetProblem makes Degraded true with reason and message, whatever the
+// switch says (a failed switch excepted, which is reported as such): the
+// agent cannot follow its spec or the API (its informers have not
+// synced, the spec's settings do not resolve on this node) and keeps the
+// rules the kernel holds. An empty reason clears it.
+func (r *Reporter) SetProblem(reason, message string) {
+	r.mu.Lock()
+	same := r.problem == problem{reason, message}
+	r.problem = problem{reason, message}
+	r.mu.Unlock()
+	if !same {
+		r.signal()
+	}
+}
+
+// problem is what SetProblem recorded.
+type problem struct{ reason, message string }
 
 // SetSwitch records the switch's state.
 func (r *Reporter) SetSwitch(s Switch) {
@@ -205,6 +225,11 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 		ready.ObservedGeneration, degraded.ObservedGeneration = sw.Generation, sw.Generation
 		meta.SetStatusCondition(&st.Conditions, ready)
 		meta.SetStatusCondition(&st.Conditions, degraded)
+	}
+	if p := r.problem; p.reason != "" && sw.Phase != v1alpha1.NodeFailed {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message, ObservedGeneration: sw.Generation,
+		})
 	}
 	return st
 }
