@@ -93,11 +93,11 @@ func (a *agentState) resolve() error {
 	if len(settings.ClusterCIDRs) > 0 {
 		cidrs = nil
 		for _, c := range settings.ClusterCIDRs {
-			p, err := netip.ParsePrefix(string(c))
+			p, err := c.Parse()
 			if err != nil {
-				return fmt.Errorf("spec.settings.clusterCIDRs: %q is not a CIDR", c)
+				return fmt.Errorf("spec.settings.clusterCIDRs: %w", err)
 			}
-			cidrs = append(cidrs, p.Masked())
+			cidrs = append(cidrs, p)
 		}
 	}
 	npa := o.NodePortAddresses

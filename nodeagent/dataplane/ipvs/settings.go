@@ -64,11 +64,11 @@ func SettingsOptions(s *v1alpha1.IPVSSettings) ([]Option, error) {
 	}
 	exclude := make([]netip.Prefix, 0, len(s.ExcludeCIDRs))
 	for _, c := range s.ExcludeCIDRs {
-		p, err := netip.ParsePrefix(string(c))
+		p, err := c.Parse()
 		if err != nil {
 			return nil, fmt.Errorf("ipvs: excludeCIDRs: %w", err)
 		}
-		exclude = append(exclude, p.Masked())
+		exclude = append(exclude, p)
 	}
 	return []Option{WithScheduler(s.Scheduler), WithStrictARP(s.StrictARP), WithTimeouts(t), WithExcludeCIDRs(exclude...)}, nil
 }
