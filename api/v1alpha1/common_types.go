@@ -35,7 +35,9 @@ func (d Duration) Parse(def time.Duration) (time.Duration, error) {
 
 // CIDR is an IPv4 or IPv6 network in CIDR notation, such as 198.18.0.0/15.
 // +kubebuilder:validation:MaxLength=64
-// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 or fd00::/64"
+// The API server's isCIDR refuses IPv4-mapped IPv6 networks, as Parse
+// does.
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 or fd00::/64 (not an IPv4-mapped IPv6 network such as ::ffff:10.0.0.0/104: write the IPv4 form)"
 type CIDR string
 
 // Parse returns the network with its host bits cleared. It refuses what
@@ -56,7 +58,7 @@ func (c CIDR) Parse() (netip.Prefix, error) {
 // NodePortAddress selects the node addresses NodePorts answer on: a CIDR,
 // or "primary" for the node's primary addresses (one per IP family).
 // +kubebuilder:validation:MaxLength=64
-// +kubebuilder:validation:XValidation:rule="self == 'primary' || isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15, or the word primary"
+// +kubebuilder:validation:XValidation:rule="self == 'primary' || isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 (not an IPv4-mapped IPv6 network such as ::ffff:198.18.0.0/111: write the IPv4 form), or the word primary"
 type NodePortAddress string
 
 // NodePortAddressPrimary selects the node's primary addresses.

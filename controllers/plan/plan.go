@@ -38,10 +38,7 @@ func Plan(in Input) Result {
 // Selector returns a ProxyConfig's node selector; nil or empty selects
 // every node.
 func Selector(cfg *v1alpha1.ProxyConfig) (labels.Selector, error) {
-	if cfg.Spec.NodeSelector == nil {
-		return labels.Everything(), nil
-	}
-	return metav1.LabelSelectorAsSelector(cfg.Spec.NodeSelector)
+	return cfg.Spec.NodeSelector.Selector()
 }
 
 // RolloutID names a rollout on the ProxyNodes it moves.

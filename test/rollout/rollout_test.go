@@ -158,11 +158,11 @@ func TestConflictingConfigs(t *testing.T) {
 	w.rec.track("pa", a, 1)
 	w.rec.track("pb", b, 2)
 	pa := newConfig("pa", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	pa.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "a"}}
+	pa.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "a"}}
 	pb := newConfig("pb", v1alpha1.ModeIPVS, intstr.FromInt32(2))
 	// pb selects the b nodes and the shared one, which pa selects too.
-	pb.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []string{"b"}}}}
+	pb.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
 	for _, n := range append(b, "shared") {
 		w.labelNode(n, "side", "b")
 	}
@@ -294,15 +294,15 @@ func TestInvalidAndImpossibleSituations(t *testing.T) {
 
 	// A selector the API accepts but that does not parse.
 	bad := newConfig("bad-selector", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	bad.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "pool", Operator: metav1.LabelSelectorOpIn}}}
+	bad.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{{Key: "pool", Operator: metav1.LabelSelectorOpIn}}}
 	w.create(bad)
 	// A selector matching nothing.
 	none := newConfig("no-nodes", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	none.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "nope"}}
+	none.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "nope"}}
 	w.create(none)
 	// A node whose agent never reports: preflight waits, then fails.
 	silent := newConfig("silent", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	silent.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "silent"}}
+	silent.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "silent"}}
 	silent.Spec.Rollout.NodeTimeout = "3s"
 	w.create(silent)
 
@@ -330,7 +330,7 @@ func TestInvalidAndImpossibleSituations(t *testing.T) {
 	}
 	// Fixing the spec clears the condition.
 	w.edit("bad-selector", func(c *v1alpha1.ProxyConfig) {
-		c.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "workers"}}
+		c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "workers"}}
 	})
 	c = w.waitPhase("bad-selector", v1alpha1.RolloutCompleted, 30*time.Second)
 	if d := cond(c, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionFalse {
