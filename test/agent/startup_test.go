@@ -1,0 +1,277 @@
+package agent_test
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/agent"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
+	"github.com/proxyshift/proxyshift/test/netlab"
+	"github.com/proxyshift/proxyshift/test/testenv"
+)
+
+// startWorld is what the start tests share: a test API server, a lab
+// node, the Node object and its ProxyNode (desired mode nftables, with
+// settings), and a NodePort Service with two pods.
+type startWorld struct {
+	env          *testenv.Env
+	lab          *netlab.Lab
+	kube         kubernetes.Interface
+	svc          *corev1.Service
+	pods         []*netlab.Pod
+	metrics, hz  string
+	agentStopped chan error
+}
+
+const startNode = "lab-node"
+
+func newStartWorld(t *testing.T, settings v1alpha1.ProxySettings) *startWorld {
+	t.Helper()
+	netlab.RequireRoot(t)
+	w := &startWorld{env: testenv.Start(t), lab: netlab.NewLab(t)}
+	w.kube = kubernetes.NewForConfigOrDie(w.env.Config)
+	ctx := context.Background()
+	w.pods = []*netlab.Pod{w.lab.Node.AddPod(t, "web-a"), w.lab.Node.AddPod(t, "web-b")}
+	if _, err := w.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: startNode}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pn := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: startNode}, Spec: v1alpha1.ProxyNodeSpec{DesiredMode: v1alpha1.ModeNFTables, Settings: settings}}
+	if err := w.env.Client.Create(ctx, pn); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	w.svc, err = w.kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps []discoveryv1.Endpoint
+	for _, p := range w.pods {
+		eps = append(eps, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(startNode), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
+	}
+	if _, err := w.kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   eps,
+		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.metrics, w.hz = freeAddr(t), freeAddr(t)
+	return w
+}
+
+// run starts the agent in the test's process with cfg as its identity,
+// following its ProxyNode, and records when it returns.
+func (w *startWorld) run(t *testing.T, cfg *rest.Config) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w.agentStopped = make(chan error, 1)
+	started := time.Now()
+	go func() {
+		w.agentStopped <- agent.Run(ctx, kubernetes.NewForConfigOrDie(cfg), agent.Options{
+			NodeName: startNode,
+			Mode:     v1alpha1.ModeNFTables,
+			Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
+				v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
+					return nftables.New(cfg, nftables.WithNetNSFd(w.lab.Node.NS.FD()))
+				},
+			},
+			ClusterCIDRs:  []netip.Prefix{w.lab.Node.PodCIDR},
+			MasqueradeBit: 14,
+			MinSyncPeriod: 100 * time.Millisecond,
+			SyncPeriod:    time.Minute,
+			MetricsAddr:   w.metrics,
+			HealthzAddr:   w.hz,
+			NetNS:         w.lab.Node.NS.Handle,
+			RESTConfig:    cfg,
+			SyncGrace:     time.Second,
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-w.agentStopped; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	return started
+}
+
+// running fails the test if the agent has returned.
+func (w *startWorld) running(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-w.agentStopped:
+		w.agentStopped <- err
+		t.Fatalf("the agent returned: %v", err)
+	default:
+	}
+}
+
+// livezWithin checks that /livez answers 200 within d of started.
+func (w *startWorld) livezWithin(t *testing.T, started time.Time, d time.Duration) {
+	t.Helper()
+	for {
+		if code, _ := get("http://" + w.hz + "/livez"); code == http.StatusOK {
+			t.Logf("/livez answered %v after the start", time.Since(started).Round(time.Millisecond))
+			return
+		}
+		if time.Since(started) > d {
+			t.Fatalf("/livez did not answer within %v of the start", d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// degraded waits for the ProxyNode's Degraded condition to be status with
+// reason (and, when true, a message holding each of msg).
+func (w *startWorld) degraded(t *testing.T, status metav1.ConditionStatus, reason string, msg ...string) *metav1.Condition {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	var last *metav1.Condition
+	for {
+		pn := &v1alpha1.ProxyNode{}
+		if err := w.env.Client.Get(context.Background(), client.ObjectKey{Name: startNode}, pn); err != nil {
+			t.Fatal(err)
+		}
+		last = meta.FindStatusCondition(pn.Status.Conditions, report.ConditionDegraded)
+		if last != nil && last.Status == status && (reason == "" || last.Reason == reason) &&
+			!slices.ContainsFunc(msg, func(m string) bool { return !strings.Contains(last.Message, m) }) {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ProxyNode %s Degraded is %+v; want %s %s with %q", startNode, last, status, reason, msg)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// answers waits until every pod answers at target through the agent's
+// rules.
+func (w *startWorld) answers(t *testing.T, target netip.AddrPort) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tally := w.lab.Client.NS.Spread(netlab.TCP, target, 40, time.Second)
+		if len(tally.Answers) == len(w.pods) && tally.Answered() == 40 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not every pod answered through the agent's rules: %v", target, tally)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// agentRole is config/rbac's generated agent ClusterRole, renamed, with
+// keep deciding which rules stay.
+func agentRole(t *testing.T, name string, keep func(rbacv1.PolicyRule) bool) *rbacv1.ClusterRole {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "rbac", "agent", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := yaml.Unmarshal(b, role); err != nil {
+		t.Fatal(err)
+	}
+	role.ObjectMeta = metav1.ObjectMeta{Name: name}
+	role.Rules = slices.DeleteFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return !keep(r) })
+	return role
+}
+
+// TestAgentWaitsForItsListsAndSaysSo starts the agent with an identity
+// that may not list Services (config/rbac's agent role less that rule):
+// its informers cannot sync. The agent must not exit: /livez answers at
+// once, /healthz says what it waits for, and its ProxyNode reports
+// Degraded (InformersNotSynced). Once the role is whole again, it
+// syncs, programs the Service and is no longer Degraded.
+func TestAgentWaitsForItsListsAndSaysSo(t *testing.T) {
+	w := newStartWorld(t, v1alpha1.ProxySettings{})
+	ctx := context.Background()
+	noServices := func(r rbacv1.PolicyRule) bool { return !slices.Contains(r.Resources, "services") }
+	role := agentRole(t, "lab-agent", noServices)
+	if _, err := w.kube.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "lab-agent"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "lab-agent"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "lab-agent"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(w.env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "lab-agent"}
+
+	started := w.run(t, cfg)
+	w.livezWithin(t, started, time.Second)
+	c := w.degraded(t, metav1.ConditionTrue, report.ReasonNotSynced, "the first list of Services", "keep serving")
+	t.Logf("Degraded while the list is denied: %s", c.Message)
+	if code, body := get("http://" + w.hz + "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "Services") {
+		t.Errorf("/healthz while the Services list is denied: %d %q; want 503 naming Services", code, body)
+	}
+	w.running(t)
+
+	role = agentRole(t, "lab-agent", func(rbacv1.PolicyRule) bool { return true })
+	if _, err := w.kube.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.answers(t, netip.AddrPortFrom(netip.MustParseAddr(w.svc.Spec.ClusterIP), 80))
+	w.degraded(t, metav1.ConditionFalse, "")
+	if code, body := get("http://" + w.hz + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz once synced: %d %q", code, body)
+	}
+}
+
+// TestAgentWaitsForSettingsThatResolve gives the agent a ProxyNode whose
+// settings cannot resolve yet: nodePortAddresses primary while the Node
+// has no InternalIP. The agent must not exit (it used to): it reports
+// Degraded (SettingsUnresolved) and, once the Node gets its address,
+// programs the NodePort on it.
+func TestAgentWaitsForSettingsThatResolve(t *testing.T) {
+	w := newStartWorld(t, v1alpha1.ProxySettings{NodePortAddresses: []v1alpha1.NodePortAddress{v1alpha1.NodePortAddressPrimary}})
+	ctx := context.Background()
+	started := w.run(t, w.env.Config)
+	w.livezWithin(t, started, time.Second)
+	c := w.degraded(t, metav1.ConditionTrue, report.ReasonSettingsUnresolved, "has no InternalIP", "keep serving")
+	t.Logf("Degraded while the settings do not resolve: %s", c.Message)
+	w.running(t)
+
+	node, err := w.kube.CoreV1().Nodes().Get(ctx, startNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: netlab.NodeIP.String()}}
+	if _, err := w.kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.answers(t, netip.AddrPortFrom(netlab.NodeIP, uint16(w.svc.Spec.Ports[0].NodePort)))
+	w.degraded(t, metav1.ConditionFalse, "")
+}
