@@ -23,7 +23,10 @@ func TestServeRetriesAFailedListen(t *testing.T) {
 	h.wait("the first list of Services")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { serve(ctx, &http.Server{Addr: addr, Handler: h.mux(), ReadHeaderTimeout: time.Second}); close(done) }()
+	go func() {
+		serve(ctx, &http.Server{Addr: addr, Handler: h.mux(), ReadHeaderTimeout: time.Second})
+		close(done)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
