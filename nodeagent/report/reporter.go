@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
@@ -220,16 +221,19 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 		st.LastSyncDuration = &metav1.Duration{Duration: s.Duration}
 		st.Counts = &v1alpha1.RuleCounts{Services: int32(s.Counts.Services), Endpoints: int32(s.Counts.Endpoints), Rules: int32(s.Counts.Rules)}
 	}
+	var set []metav1.Condition
 	if sw.Phase != "" {
 		ready, degraded := conditions(sw, r.sync)
-		ready.ObservedGeneration, degraded.ObservedGeneration = sw.Generation, sw.Generation
-		meta.SetStatusCondition(&st.Conditions, ready)
-		meta.SetStatusCondition(&st.Conditions, degraded)
+		set = append(set, ready, degraded)
 	}
 	if p := r.problem; p.reason != "" && sw.Phase != v1alpha1.NodeFailed {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message, ObservedGeneration: sw.Generation,
-		})
+		set = append(set, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message})
+	}
+	for _, c := range set {
+		// A message the API server refuses would freeze the status.
+		c.Message = text.Cut(c.Message, text.MaxMessage)
+		c.ObservedGeneration = sw.Generation
+		meta.SetStatusCondition(&st.Conditions, c)
 	}
 	return st
 }
