@@ -160,7 +160,7 @@ func TestAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"kind: Namespace", "name: proxyshift-system", "kind: Deployment", "kind: DaemonSet", "hostNetwork: true", "SYS_MODULE", "system-node-critical"} {
+		for _, want := range []string{"kind: Namespace", "name: proxyshift-system", "kind: Deployment", "kind: DaemonSet", "hostNetwork: true", "SYS_MODULE", "system-node-critical", "startupProbe", "kind: ValidatingAdmissionPolicy"} {
 			if !strings.Contains(rendered, want) {
 				t.Errorf("kubectl kustomize config/default lacks %q", want)
 			}
