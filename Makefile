@@ -39,12 +39,17 @@ controlplane: ## Build (once) and print the test control plane directory.
 test: verify ## Run every test: real API server, real netfilter, then the VM's kernel tests.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
+	hack/fuzz.sh
 	hack/vm/run.sh
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 5s; make test does this too).
+	hack/fuzz.sh
 
 .PHONY: test-vm
 test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.

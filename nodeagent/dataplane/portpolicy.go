@@ -331,7 +331,7 @@ func (n *NodePolicy) firewall(sp *model.ServicePort) *Firewall {
 		}
 	}
 	for _, r := range sp.LoadBalancerSourceRanges {
-		if r.IsValid() && n.InFamily(r.Addr()) {
+		if r, ok := model.UnmapPrefix(r); ok && n.InFamily(r.Addr()) {
 			fw.SourceRanges = append(fw.SourceRanges, r)
 			fw.AllowIPs = fw.AllowIPs || slices.ContainsFunc(n.NodePortIPs, r.Contains)
 		}
