@@ -12,11 +12,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -53,34 +51,9 @@ func newStartWorld(t *testing.T, settings v1alpha1.ProxySettings) *startWorld {
 	w.kube = kubernetes.NewForConfigOrDie(w.env.Config)
 	ctx := context.Background()
 	w.pods = []*netlab.Pod{w.lab.Node.AddPod(t, "web-a"), w.lab.Node.AddPod(t, "web-b")}
-	if _, err := w.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: startNode}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	w.svc = createWeb(t, w.kube, startNode, w.pods)
 	pn := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: startNode}, Spec: v1alpha1.ProxyNodeSpec{DesiredMode: v1alpha1.ModeNFTables, Settings: settings}}
 	if err := w.env.Client.Create(ctx, pn); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	w.svc, err = w.kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{
-			Type:  corev1.ServiceTypeNodePort,
-			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var eps []discoveryv1.Endpoint
-	for _, p := range w.pods {
-		eps = append(eps, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(startNode), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
-	}
-	if _, err := w.kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   eps,
-		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
-	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.metrics, w.hz = freeAddr(t), freeAddr(t)
@@ -172,23 +145,6 @@ func (w *startWorld) degraded(t *testing.T, status metav1.ConditionStatus, reaso
 	}
 }
 
-// answers waits until every pod answers at target through the agent's
-// rules.
-func (w *startWorld) answers(t *testing.T, target netip.AddrPort) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		tally := w.lab.Client.NS.Spread(netlab.TCP, target, 40, time.Second)
-		if len(tally.Answers) == len(w.pods) && tally.Answered() == 40 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not every pod answered through the agent's rules: %v", target, tally)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // agentRole is config/rbac's generated agent ClusterRole, renamed, with
 // keep deciding which rules stay.
 func agentRole(t *testing.T, name string, keep func(rbacv1.PolicyRule) bool) *rbacv1.ClusterRole {
@@ -243,7 +199,7 @@ func TestAgentWaitsForItsListsAndSaysSo(t *testing.T) {
 	if _, err := w.kube.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.answers(t, netip.AddrPortFrom(netip.MustParseAddr(w.svc.Spec.ClusterIP), 80))
+	everyPodAnswers(t, w.lab, netip.AddrPortFrom(netip.MustParseAddr(w.svc.Spec.ClusterIP), 80), w.pods)
 	w.degraded(t, metav1.ConditionFalse, "")
 	if code, body := get("http://" + w.hz + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz once synced: %d %q", code, body)
@@ -272,6 +228,6 @@ func TestAgentWaitsForSettingsThatResolve(t *testing.T) {
 	if _, err := w.kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.answers(t, netip.AddrPortFrom(netlab.NodeIP, uint16(w.svc.Spec.Ports[0].NodePort)))
+	everyPodAnswers(t, w.lab, netip.AddrPortFrom(netlab.NodeIP, uint16(w.svc.Spec.Ports[0].NodePort)), w.pods)
 	w.degraded(t, metav1.ConditionFalse, "")
 }
