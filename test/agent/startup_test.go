@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -230,4 +231,65 @@ func TestAgentWaitsForSettingsThatResolve(t *testing.T) {
 	}
 	everyPodAnswers(t, w.lab, netip.AddrPortFrom(netlab.NodeIP, uint16(w.svc.Spec.Ports[0].NodePort)), w.pods)
 	w.degraded(t, metav1.ConditionFalse, "")
+}
+
+// TestRefusedAddressIsReported runs the agent under config/rbac's agent
+// role with a Service whose externalIP is the web Service's cluster IP:
+// the agent must not route it, and must say so in a Warning Event on that
+// Service (which its role allows) and in its metrics.
+func TestRefusedAddressIsReported(t *testing.T) {
+	w := newStartWorld(t, v1alpha1.ProxySettings{})
+	ctx := context.Background()
+	role := agentRole(t, "lab-agent", func(rbacv1.PolicyRule) bool { return true })
+	if _, err := w.kube.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "lab-agent"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "lab-agent"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "lab-agent"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	evil, err := w.kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "evil"},
+		Spec: corev1.ServiceSpec{
+			Ports:       []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}},
+			ExternalIPs: []string{w.svc.Spec.ClusterIP},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(w.env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "lab-agent"}
+	w.run(t, cfg)
+	everyPodAnswers(t, w.lab, netip.AddrPortFrom(netip.MustParseAddr(w.svc.Spec.ClusterIP), 80), w.pods)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := w.kube.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(evs.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name == "evil" && e.Regarding.UID == evil.UID && e.Reason == agent.ReasonExternalAddressRefused
+		})
+		if i >= 0 {
+			e := evs.Items[i]
+			if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, "node "+startNode) ||
+				!strings.Contains(e.Note, "spec.externalIPs "+w.svc.Spec.ClusterIP) || !strings.Contains(e.Note, "the cluster IP of Service default/web") {
+				t.Errorf("Event %s %s: %q", e.Type, e.Reason, e.Note)
+			}
+			t.Logf("Event on default/evil: %s", e.Note)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s Event on default/evil within 30s; events: %+v", agent.ReasonExternalAddressRefused, evs.Items)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if code, body := get("http://" + w.metrics + "/metrics"); code != http.StatusOK || !strings.Contains(body, "proxyshift_refused_external_addresses 1") {
+		t.Errorf("/metrics: %d, without proxyshift_refused_external_addresses 1", code)
+	}
 }
