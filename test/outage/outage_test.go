@@ -137,7 +137,9 @@ func restartAPIServer(t *testing.T, c *cluster.Cluster) {
 
 // syncResumes moves the Service's endpoints to node-2's pods, checks that
 // traffic entering at node-1 follows, and moves them back to every pod:
-// the agent syncs again.
+// the agent syncs again. After a long outage client-go's informers retry
+// their list on a backoff that reaches 30 seconds with up to 100% jitter,
+// so the first change may take a minute or more to arrive.
 func syncResumes(t *testing.T, c *cluster.Cluster, client *cluster.Host, svc *cluster.Service) {
 	t.Helper()
 	var far []*cluster.Pod
@@ -155,7 +157,7 @@ func syncResumes(t *testing.T, c *cluster.Cluster, client *cluster.Host, svc *cl
 			want = append(want, p.Name)
 		}
 		slices.Sort(want)
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(150 * time.Second)
 		for {
 			tally := client.NS.Spread(netlab.TCP, svc.ClusterAddr(), 40, 2*time.Second)
 			if tally.Answered() == 40 && slices.Equal(tally.Names(), want) {
