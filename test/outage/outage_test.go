@@ -157,10 +157,12 @@ func syncResumes(t *testing.T, c *cluster.Cluster, client *cluster.Host, svc *cl
 			want = append(want, p.Name)
 		}
 		slices.Sort(want)
-		deadline := time.Now().Add(150 * time.Second)
+		start := time.Now()
+		deadline := start.Add(150 * time.Second)
 		for {
 			tally := client.NS.Spread(netlab.TCP, svc.ClusterAddr(), 40, 2*time.Second)
 			if tally.Answered() == 40 && slices.Equal(tally.Names(), want) {
+				t.Logf("endpoints %v synced %v after the change", want, time.Since(start).Round(100*time.Millisecond))
 				break
 			}
 			if time.Now().After(deadline) {
