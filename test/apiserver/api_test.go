@@ -114,6 +114,33 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("InvalidProxyNodeSettingsRejected", func(t *testing.T) {
+		// A ProxyNode's spec.settings are the same types as a
+		// ProxyConfig's, checked the same way.
+		for i, tc := range []struct {
+			settings proxyv1alpha1.ProxySettings
+			want     []string
+		}{
+			{proxyv1alpha1.ProxySettings{ClusterCIDRs: []proxyv1alpha1.CIDR{"::ffff:10.0.0.0/104"}}, []string{"spec.settings.clusterCIDRs[0]", "IPv4-mapped"}},
+			{proxyv1alpha1.ProxySettings{ClusterCIDRs: []proxyv1alpha1.CIDR{"198.18.0.0/33"}}, []string{"spec.settings.clusterCIDRs[0]", "must be a CIDR"}},
+			{proxyv1alpha1.ProxySettings{NodePortAddresses: []proxyv1alpha1.NodePortAddress{"::ffff:198.18.0.0/111"}}, []string{"spec.settings.nodePortAddresses[0]", "IPv4-mapped"}},
+			{proxyv1alpha1.ProxySettings{IPVS: &proxyv1alpha1.IPVSSettings{ExcludeCIDRs: []proxyv1alpha1.CIDR{"::ffff:198.19.0.0/112"}}}, []string{"spec.settings.ipvs.excludeCIDRs[0]", "IPv4-mapped"}},
+		} {
+			pn := &proxyv1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("invalid-%d", i)},
+				Spec: proxyv1alpha1.ProxyNodeSpec{DesiredMode: proxyv1alpha1.ModeNFTables, Settings: tc.settings}}
+			err := env.Client.Create(ctx, pn)
+			if err == nil {
+				t.Errorf("API server accepted ProxyNode settings %+v", tc.settings)
+				continue
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("rejection message lacks %q:\n%v", w, err)
+				}
+			}
+		}
+	})
+
 	t.Run("ValidProxyConfigsGetDefaults", func(t *testing.T) {
 		check := func(t *testing.T, name, spec string) *proxyv1alpha1.ProxyConfig {
 			t.Helper()
