@@ -237,9 +237,7 @@ func (p *planner) classify() {
 			continue // created again once the deletion is seen
 		}
 		if pn == nil {
-			p.res.Create = append(p.res.Create, &v1alpha1.ProxyNode{
-				ObjectMeta: metav1.ObjectMeta{Name: n.name, OwnerReferences: []metav1.OwnerReference{nodeOwnerRef(n.node)}},
-			})
+			p.res.Create = append(p.res.Create, NewProxyNode(n.node))
 			n.reportDeadline = p.now.Add(p.pol.timeout)
 			continue
 		}
