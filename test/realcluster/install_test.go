@@ -2,7 +2,9 @@ package realcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -116,6 +118,21 @@ func checkInstall(t *testing.T, c *Cluster) {
 			if err != nil || code != 200 || !strings.Contains(body, "ok") {
 				t.Errorf("operator: GET %s: %d %v, want 200 ok; body:\n%.300s", url, code, err, body)
 			}
+		}
+		// Metrics over HTTPS behind the API server's authentication: a
+		// request without a token is refused (test/apiserver shows 403
+		// and 200 with tokens).
+		hc := &http.Client{Transport: &http.Transport{
+			DialContext:     c.Nodes[0].NS.DialContext,
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // the operator's self-signed serving cert
+		}}
+		resp, err := hc.Get("https://" + ip + ":8443/metrics")
+		if err != nil {
+			t.Fatalf("operator metrics: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("operator: GET https://%s:8443/metrics without a token: %s, want 401", ip, resp.Status)
 		}
 	})
 
