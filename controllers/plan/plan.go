@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers/preflight"
 )
@@ -207,7 +208,7 @@ func (p *planner) selectNodes() {
 		}
 		p.selected++
 		if pn := p.in.ProxyNodes[n.Name]; pn != nil && pn.Status.Phase == v1alpha1.NodeActive && pn.Status.ActiveMode != "" {
-			if ok, _ := Healthy(&pn.Status); ok {
+			if ok, _ := contract.Healthy(&pn.Status); ok {
 				p.ready++
 			}
 		}

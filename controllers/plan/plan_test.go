@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
@@ -630,7 +631,7 @@ func TestUnhealthyAfterCompletionDoesNotRollBack(t *testing.T) {
 	s := newSim(t, 4, v1alpha1.ModeNFTables, maxU(intstr.FromInt32(2)))
 	s.run(200, s.phaseIs("pc", v1alpha1.RolloutCompleted))
 	pn := s.pns["node-02"]
-	pn.Status.Conditions = []metav1.Condition{{Type: NodeConditionDegraded, Status: metav1.ConditionTrue, Reason: "SyncFailed", Message: "netlink: EPERM"}}
+	pn.Status.Conditions = []metav1.Condition{{Type: contract.ConditionDegraded, Status: metav1.ConditionTrue, Reason: "SyncFailed", Message: "netlink: EPERM"}}
 	moves := len(s.specLog)
 	s.steps(5)
 	st := s.cfg("pc").Status

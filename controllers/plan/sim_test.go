@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
@@ -170,7 +171,7 @@ func (s *sim) runAgents() {
 		switch {
 		case a.failOn[spec.DesiredMode]:
 			st.Phase = v1alpha1.NodeFailed
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: NodeConditionReady, Status: metav1.ConditionFalse,
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: contract.ConditionReady, Status: metav1.ConditionFalse,
 				Reason: "VerifyFailed", Message: "probe of service 10.0.0.1:80 failed"})
 		case a.fallback != "":
 			st.Phase = v1alpha1.NodeActive
@@ -178,7 +179,7 @@ func (s *sim) runAgents() {
 		default:
 			st.Phase = v1alpha1.NodeActive
 			st.ActiveMode = spec.DesiredMode
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: NodeConditionReady, Status: metav1.ConditionTrue, Reason: "Synced"})
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: contract.ConditionReady, Status: metav1.ConditionTrue, Reason: "Synced"})
 		}
 	}
 }

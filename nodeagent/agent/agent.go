@@ -31,10 +31,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -45,11 +46,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
 
-// BackendFactory builds a dataplane for the node's settings. It must not
-// touch the kernel: the agent builds backends to look at what the kernel
-// holds and to clean up, not only to program.
-type BackendFactory func(cfg dataplane.NodeConfig) (dataplane.Backend, error)
-
 // Options configure one agent.
 type Options struct {
 	// NodeName is the node this agent proxies for.
@@ -57,12 +53,9 @@ type Options struct {
 	// Mode is the dataplane to run when no ProxyNode says otherwise (a
 	// standalone agent, or a ProxyNode without spec.desiredMode).
 	Mode v1alpha1.ProxyMode
-	// Backends maps each supported mode to its constructor.
-	Backends map[v1alpha1.ProxyMode]BackendFactory
-	// SettingsBackends, for modes whose backend also takes the ProxyNode's
-	// spec.settings (the IPVS scheduler, strict ARP), take precedence over
-	// Backends. settings is empty when no ProxyNode sets them.
-	SettingsBackends map[v1alpha1.ProxyMode]func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (dataplane.Backend, error)
+	// Backends maps each supported mode to its constructor
+	// (backends.Factories).
+	Backends map[v1alpha1.ProxyMode]backends.Factory
 	// ClusterCIDRs are the pod networks (for masquerading decisions);
 	// ProxyNode spec.settings.clusterCIDRs overrides them.
 	ClusterCIDRs []netip.Prefix
@@ -91,9 +84,6 @@ type Options struct {
 	// Kernel is where kernel modules are probed and loaded from (zero:
 	// the running kernel's /proc/modules, /lib/modules, /sys/module).
 	Kernel kmod.Kernel
-	// IPTablesFacts, if set, reports the iptables backends for the kernel
-	// facts; nil runs the iptables-*-save tools.
-	IPTablesFacts func(ctx context.Context) []v1alpha1.IPTablesBackend
 	// AdoptKubeProxy removes kube-proxy's leftovers once the desired mode
 	// is programmed and verified: set it only on nodes taken over from
 	// kube-proxy, after kube-proxy stopped there.
@@ -178,7 +168,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	// one that was interrupted is finished.
 	if startPN != nil {
 		st := startPN.Status
-		if c := meta.FindStatusCondition(st.Conditions, report.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
+		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
 			a.heldGen, a.held = startPN.Generation, true
 			a.heldReason, a.heldMessage = c.Reason, c.Message
 		}
@@ -189,7 +179,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	}
 
 	fanout := switcher.NewFanout()
-	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts, Settings: fanout}
+	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		if !conntrack.HasUDPChange(changed, full) {
@@ -250,7 +240,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		}
 	}
 	go reporter.Run(ctx)
-	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval, regather.kick)
+	go gatherFacts(ctx, gatherer, reporter, opts.FactsInterval, regather.kick)
 
 	healthTimeout := 2 * opts.SyncPeriod
 	if healthTimeout < time.Minute {
@@ -289,12 +279,12 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 
 // gatherFacts reports the kernel facts now, every interval and whenever
 // kick receives; the reporter writes them only when they changed.
-func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration, kick <-chan struct{}) {
+func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, interval time.Duration, kick <-chan struct{}) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
 	for {
-		r.SetKernel(g.Gather(ctx, a.current().desire.Scheduler))
+		r.SetKernel(g.Gather(ctx))
 		select {
 		case <-ctx.Done():
 			return
@@ -398,10 +388,8 @@ func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
 // modes lists the modes the agent has a backend for.
 func (o *Options) modes() []v1alpha1.ProxyMode {
 	var modes []v1alpha1.ProxyMode
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		_, ok := o.Backends[m]
-		_, ok2 := o.SettingsBackends[m]
-		if ok || ok2 {
+	for _, m := range contract.Modes {
+		if _, ok := o.Backends[m]; ok {
 			modes = append(modes, m)
 		}
 	}

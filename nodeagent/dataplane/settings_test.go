@@ -5,14 +5,12 @@ import (
 	"errors"
 	"reflect"
 	"testing"
-
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
 // plainBackend sets no kernel settings.
 type plainBackend struct{}
 
-func (plainBackend) Mode() v1alpha1.ProxyMode                          { return v1alpha1.ModeNFTables }
+func (plainBackend) Mode() string                                      { return "nftables" }
 func (plainBackend) Sync(context.Context, SyncRequest) (Counts, error) { return Counts{}, nil }
 func (plainBackend) Programmed(context.Context) (Counts, error)        { return Counts{}, nil }
 func (plainBackend) Cleanup(context.Context) ([]string, error)         { return nil, nil }
@@ -20,11 +18,11 @@ func (plainBackend) Cleanup(context.Context) ([]string, error)         { return 
 // settingBackend sets kernel settings and reads them back.
 type settingBackend struct {
 	plainBackend
-	settings []v1alpha1.KernelSetting
+	settings []KernelSetting
 	err      error
 }
 
-func (b settingBackend) KernelSettings() ([]v1alpha1.KernelSetting, error) { return b.settings, b.err }
+func (b settingBackend) KernelSettings() ([]KernelSetting, error) { return b.settings, b.err }
 
 func TestKernelSettingsAsksOnlyBackendsThatSetThem(t *testing.T) {
 	if got, err := KernelSettings(plainBackend{}); got != nil || err != nil {
@@ -33,7 +31,7 @@ func TestKernelSettingsAsksOnlyBackendsThatSetThem(t *testing.T) {
 	if got, err := KernelSettings(nil); got != nil || err != nil {
 		t.Errorf("no backend: %v, %v; want none", got, err)
 	}
-	want := []v1alpha1.KernelSetting{{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"}}
+	want := []KernelSetting{{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"}}
 	broken := errors.New("cannot enter the namespace")
 	got, err := KernelSettings(settingBackend{settings: want, err: broken})
 	if !reflect.DeepEqual(got, want) || !errors.Is(err, broken) {

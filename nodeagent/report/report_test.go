@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
@@ -17,17 +18,17 @@ func TestStatus(t *testing.T) {
 	r := New(nil, "n")
 	r.SetSwitch(Switch{Phase: v1alpha1.NodeProgramming, Active: v1alpha1.ModeIPTables, Target: v1alpha1.ModeNFTables, Config: ref, Generation: 7})
 	st := r.Status()
-	ready := meta.FindStatusCondition(st.Conditions, ConditionReady)
+	ready := meta.FindStatusCondition(st.Conditions, contract.ConditionReady)
 	if st.Phase != v1alpha1.NodeProgramming || st.ActiveMode != v1alpha1.ModeIPTables || st.ObservedConfig != nil ||
-		ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != ReasonSwitching || ready.ObservedGeneration != 7 {
+		ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != contract.ReasonSwitching || ready.ObservedGeneration != 7 {
 		t.Errorf("during a switch: %+v", st)
 	}
 
 	r.SetSwitch(Switch{Phase: v1alpha1.NodeActive, Active: v1alpha1.ModeNFTables, Target: v1alpha1.ModeNFTables, Config: ref, Generation: 7})
 	r.SetSync(Sync{Time: time.Now(), Duration: time.Millisecond, Counts: dataplane.Counts{Services: 2, Endpoints: 4, Rules: 30}})
 	st = r.Status()
-	ready = meta.FindStatusCondition(st.Conditions, ConditionReady)
-	deg := meta.FindStatusCondition(st.Conditions, ConditionDegraded)
+	ready = meta.FindStatusCondition(st.Conditions, contract.ConditionReady)
+	deg := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded)
 	if st.ObservedConfig == nil || *st.ObservedConfig != *ref || ready.Status != metav1.ConditionTrue || deg.Status != metav1.ConditionFalse ||
 		st.Counts == nil || st.Counts.Rules != 30 || st.LastSyncTime == nil {
 		t.Errorf("active: %+v", st)
@@ -35,14 +36,14 @@ func TestStatus(t *testing.T) {
 
 	r.SetSync(Sync{Time: time.Now(), Err: errors.New("netlink: EPERM")})
 	st = r.Status()
-	ready = meta.FindStatusCondition(st.Conditions, ConditionReady)
-	if ready.Status != metav1.ConditionFalse || ready.Reason != ReasonSyncFailed || st.Counts.Rules != 30 {
+	ready = meta.FindStatusCondition(st.Conditions, contract.ConditionReady)
+	if ready.Status != metav1.ConditionFalse || ready.Reason != contract.ReasonSyncFailed || st.Counts.Rules != 30 {
 		t.Errorf("failed sync: %+v", st)
 	}
 
 	r.SetSwitch(Switch{Phase: v1alpha1.NodeFailed, Active: v1alpha1.ModeNFTables, Target: v1alpha1.ModeIPVS, Config: ref, Generation: 8, Reason: "ModuleMissing", Message: "kernel module ip_vs is missing"})
 	st = r.Status()
-	deg = meta.FindStatusCondition(st.Conditions, ConditionDegraded)
+	deg = meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded)
 	if st.Phase != v1alpha1.NodeFailed || deg.Status != metav1.ConditionTrue || deg.Reason != "ModuleMissing" || deg.ObservedGeneration != 8 {
 		t.Errorf("failed: %+v", st)
 	}

@@ -15,7 +15,7 @@ type countingBackend struct {
 	syncs int
 }
 
-func (b *countingBackend) Mode() v1alpha1.ProxyMode { return b.mode }
+func (b *countingBackend) Mode() string { return string(b.mode) }
 func (b *countingBackend) Sync(context.Context, dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.syncs++
 	return dataplane.Counts{Services: b.syncs}, nil

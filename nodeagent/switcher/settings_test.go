@@ -12,15 +12,15 @@ import (
 // settingBackend is a backend that sets kernel settings.
 type settingBackend struct {
 	countingBackend
-	settings []v1alpha1.KernelSetting
+	settings []dataplane.KernelSetting
 }
 
-func (b *settingBackend) KernelSettings() ([]v1alpha1.KernelSetting, error) { return b.settings, nil }
+func (b *settingBackend) KernelSettings() ([]dataplane.KernelSetting, error) { return b.settings, nil }
 
 func TestKernelSettingsAreTheServingBackends(t *testing.T) {
 	ctx := context.Background()
 	f := NewFanout()
-	ipvsSettings := []v1alpha1.KernelSetting{{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"}}
+	ipvsSettings := []dataplane.KernelSetting{{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"}}
 	ipvs := &settingBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPVS}, settings: ipvsSettings}
 	nft := &countingBackend{mode: v1alpha1.ModeNFTables}
 

@@ -21,8 +21,8 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/testenv"
 )
@@ -92,10 +92,8 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 		done <- agent.Run(ctx, kube, agent.Options{
 			NodeName: nodeName,
 			Mode:     v1alpha1.ModeNFTables,
-			Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
-				v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
-					return nftables.New(cfg, nftables.WithNetNSFd(lab.Node.NS.FD()))
-				},
+			Backends: map[v1alpha1.ProxyMode]backends.Factory{
+				v1alpha1.ModeNFTables: backends.Factories(backends.Env{NS: nsexec.NS(lab.Node.NS.FD())})[v1alpha1.ModeNFTables],
 			},
 			ClusterCIDRs:  []netip.Prefix{lab.Node.PodCIDR},
 			MasqueradeBit: 14,

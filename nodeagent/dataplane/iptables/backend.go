@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -76,8 +75,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeIPTables.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPTables }
+// Mode returns "iptables".
+func (b *Backend) Mode() string { return "iptables" }
 
 // Variant returns the iptables variant the backend programs.
 func (b *Backend) Variant() Variant { return b.run.variant }

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -421,10 +420,7 @@ func TestKernelDetect(t *testing.T) {
 	if v, err := Detect(ctx, WithNetNSFd(ns.FD())); err != nil || v != NFT {
 		t.Errorf("empty namespace: Detect = %q, %v; want nft", v, err)
 	}
-	want := []v1alpha1.IPTablesBackend{
-		{Name: "legacy", Available: "Yes", HasRules: "No"},
-		{Name: "nft", Available: "Yes", HasRules: "No"},
-	}
+	want := []VariantFacts{{Variant: Legacy, Installed: true}, {Variant: NFT, Installed: true}}
 	if got := KernelFacts(ctx, WithNetNSFd(ns.FD())); !slices.Equal(got, want) {
 		t.Errorf("empty namespace: KernelFacts = %+v, want %+v", got, want)
 	}
@@ -433,7 +429,7 @@ func TestKernelDetect(t *testing.T) {
 	if v, err := Detect(ctx, WithNetNSFd(ns.FD())); err != nil || v != Legacy {
 		t.Errorf("kubelet's hint in legacy: Detect = %q, %v; want legacy", v, err)
 	}
-	want[0].HasRules = "Yes"
+	want[0].HoldsRules = true
 	if got := KernelFacts(ctx, WithNetNSFd(ns.FD())); !slices.Equal(got, want) {
 		t.Errorf("kubelet's hint in legacy: KernelFacts = %+v, want %+v", got, want)
 	}

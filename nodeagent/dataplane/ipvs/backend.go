@@ -12,9 +12,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -22,12 +20,13 @@ import (
 // and cleanups are serialized, Programmed and KernelSettings only read.
 type Backend struct {
 	cfg       dataplane.NodeConfig
-	scheduler v1alpha1.IPVSScheduler
+	scheduler string
 	strictARP bool
 	timeouts  Timeouts
 	exclude   []netip.Prefix
 	netns     int
 	loader    ModuleLoader
+	modules   []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
 	openIPVS func() (ipvsHandle, error)
 
@@ -50,9 +49,11 @@ func WithNetNSFd(fd int) Option {
 	return func(b *Backend) { b.netns = fd }
 }
 
-// WithScheduler sets the IPVS scheduler of every virtual service (one of
-// kmod.Schedulers; kmod.DefaultScheduler when not set).
-func WithScheduler(s v1alpha1.IPVSScheduler) Option {
+// WithScheduler sets the IPVS scheduler of every virtual service, by its
+// kernel name (rr, wrr, sh...; DefaultScheduler when not set). The kernel
+// refuses a scheduler it has no module for when the first virtual service
+// is created.
+func WithScheduler(s string) Option {
 	return func(b *Backend) {
 		if s != "" {
 			b.scheduler = s
@@ -68,13 +69,18 @@ func WithStrictARP(on bool) Option {
 	return func(b *Backend) { b.strictARP = on }
 }
 
-// WithModuleLoader makes New load the kernel modules the backend needs
-// (kmod.ModulesFor the ipvs mode and its scheduler) through l before it
+// WithModuleLoader makes New load modules (those the ipvs mode needs with
+// the backend's scheduler: IPVS, the scheduler's module, the dummy
+// interface and the helper table's nftables modules) through l before it
 // opens IPVS, and fail if one does not load. Without it the modules must
 // be loaded already.
-func WithModuleLoader(l ModuleLoader) Option {
-	return func(b *Backend) { b.loader = l }
+func WithModuleLoader(l ModuleLoader, modules ...string) Option {
+	return func(b *Backend) { b.loader, b.modules = l, modules }
 }
+
+// DefaultScheduler is the scheduler of a backend made without
+// WithScheduler: round robin, the API's default.
+const DefaultScheduler = "rr"
 
 // New returns a backend for the node cfg describes. It loads the kernel
 // modules (with WithModuleLoader) and checks that IPVS answers in the
@@ -87,19 +93,12 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("ipvs: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
 	}
-	b := &Backend{cfg: cfg, scheduler: kmod.DefaultScheduler, state: map[*family]*familyState{}}
+	b := &Backend{cfg: cfg, scheduler: DefaultScheduler, state: map[*family]*familyState{}}
 	for _, o := range opts {
 		o(b)
 	}
-	if !slices.Contains(kmod.Schedulers, b.scheduler) {
-		return nil, fmt.Errorf("ipvs: unknown scheduler %q (want one of %v)", b.scheduler, kmod.Schedulers)
-	}
 	if b.loader != nil {
-		mods, err := kmod.ModulesFor(v1alpha1.ModeIPVS, b.scheduler)
-		if err != nil {
-			return nil, err
-		}
-		if err := b.loader.Load(mods...); err != nil {
+		if err := b.loader.Load(b.modules...); err != nil {
 			return nil, fmt.Errorf("ipvs: load kernel modules: %w", err)
 		}
 	}
@@ -115,8 +114,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeIPVS.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPVS }
+// Mode returns "ipvs".
+func (b *Backend) Mode() string { return "ipvs" }
 
 // ConflictError lists virtual services the model wants that exist in the
 // kernel and are not the backend's. They are left alone; everything else

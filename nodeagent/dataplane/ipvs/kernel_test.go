@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/vm"
@@ -46,7 +46,7 @@ var labConfig = dataplane.NodeConfig{
 func loadVMModules(t testing.TB) {
 	t.Helper()
 	vm.Require(t, "IPVS (the ip_vs kernel module)")
-	mods, err := kmod.ModulesFor(v1alpha1.ModeIPVS, "")
+	mods, err := contract.ModulesFor(v1alpha1.ModeIPVS, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -103,7 +102,7 @@ var _ dataplane.SettingsReporter = (*Backend)(nil)
 // KernelSettings reads back the sysctls the backend sets, for the node's
 // status (dataplane.SettingsReporter). A setting that cannot be read
 // (IPVS not loaded yet) has an empty Value.
-func (b *Backend) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+func (b *Backend) KernelSettings() ([]dataplane.KernelSetting, error) {
 	settings := b.settings(kernelRelease())
 	err := b.inNetNS(func() error {
 		for i, s := range settings {
@@ -113,18 +112,18 @@ func (b *Backend) KernelSettings() ([]v1alpha1.KernelSetting, error) {
 		}
 		return nil
 	})
-	return apiSettings(settings), err
+	return kernelSettings(settings), err
 }
 
-// apiSettings converts settings for the ProxyNode status, in their order;
+// kernelSettings converts settings for the node's status, in their order;
 // Why stays out (it is the same on every node).
-func apiSettings(settings []Setting) []v1alpha1.KernelSetting {
+func kernelSettings(settings []Setting) []dataplane.KernelSetting {
 	if len(settings) == 0 {
 		return nil
 	}
-	out := make([]v1alpha1.KernelSetting, 0, len(settings))
+	out := make([]dataplane.KernelSetting, 0, len(settings))
 	for _, s := range settings {
-		out = append(out, v1alpha1.KernelSetting{Name: s.Name, Want: s.Want, Value: s.Value})
+		out = append(out, dataplane.KernelSetting{Name: s.Name, Want: s.Want, Value: s.Value})
 	}
 	return out
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -77,8 +76,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeNFTables.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeNFTables }
+// Mode returns "nftables".
+func (b *Backend) Mode() string { return "nftables" }
 
 // Sync programs the model's families (those present in req.Model.Ports)
 // into the table of each, one transaction per family.

@@ -1,4 +1,4 @@
-package kmod
+package contract
 
 import (
 	"fmt"
@@ -7,22 +7,20 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
-// Schedulers are the IPVS schedulers the API accepts; each is a module
-// ip_vs_<name>.
-var Schedulers = []v1alpha1.IPVSScheduler{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"}
+// Modes are the proxy modes, in the order the agent lists them.
+var Modes = []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS}
 
-// DefaultScheduler is the scheduler used when none is set (the API's
-// default).
-const DefaultScheduler v1alpha1.IPVSScheduler = "rr"
+// ValidMode says whether mode is one of Modes.
+func ValidMode(mode v1alpha1.ProxyMode) bool { return slices.Contains(Modes, mode) }
 
 // The modules each mode needs, by what uses them. nf_tables, x_tables and
 // their expressions, matches and targets are separate modules in
-// distribution kernels; names are those of current kernels (see renamed
-// for older ones).
+// distribution kernels; names are those of current kernels (kmod resolves
+// renamed ones).
 var (
-	// conntrack tracks connections; NAT rewrites them. Every mode's
-	// DNAT to endpoints and masquerading rest on them.
-	natCore = []string{"nf_conntrack", "nf_nat"}
+	// natCore: conntrack tracks connections; NAT rewrites them. Every
+	// mode's DNAT to endpoints and masquerading rest on them.
+	natCore = []string{ConntrackModule, "nf_nat"}
 
 	// nftablesCommon are what both the nftables dataplane's rules and
 	// the ipvs dataplane's helper table use, in ip and ip6 tables: ct
@@ -56,7 +54,7 @@ var (
 	// filters and masquerades with an nftables helper table
 	// (nodeagent/dataplane/ipvs), which needs nftablesCommon: no ipset
 	// or xtables module, which is how kube-proxy's IPVS mode does it.
-	ipvsModules = []string{"ip_vs", "dummy"}
+	ipvsModules = []string{IPVSModule, "dummy"}
 
 	// iptablesBackends are the tables of each iptables backend: the
 	// legacy one's ip_tables and ip6_tables with their filter and nat
@@ -68,28 +66,31 @@ var (
 	}
 )
 
+// IPVSModule is the IPVS core.
+const IPVSModule = "ip_vs"
+
+// ConntrackModule is connection tracking, which every mode needs (it
+// replaced nf_conntrack_ipv4 in Linux 4.19; nf_conntrack exists on both).
+const ConntrackModule = "nf_conntrack"
+
 // ModulesFor lists the kernel modules a proxy mode needs, in the order to
-// load them. mode is an api/v1alpha1 ProxyMode or its string ("iptables",
-// "nftables", "ipvs"); scheduler matters for ipvs only, where it adds
-// ip_vs_<scheduler> (empty means DefaultScheduler). The iptables mode
-// also needs the tables of the iptables backend that runs its rules: see
+// load them. scheduler matters for ipvs only, where it adds its module
+// (SchedulerModule; empty means DefaultScheduler). The iptables mode also
+// needs the tables of the iptables backend that runs its rules: see
 // IPTablesBackendModules.
-func ModulesFor[M, S ~string](mode M, scheduler S) ([]string, error) {
+func ModulesFor(mode v1alpha1.ProxyMode, scheduler v1alpha1.IPVSScheduler) ([]string, error) {
 	var lists [][]string
-	switch v1alpha1.ProxyMode(mode) {
+	switch mode {
 	case v1alpha1.ModeNFTables:
 		lists = [][]string{natCore, nftablesCommon, nftablesModules}
 	case v1alpha1.ModeIPTables:
 		lists = [][]string{natCore, iptablesModules}
 	case v1alpha1.ModeIPVS:
-		sched := v1alpha1.IPVSScheduler(scheduler)
-		if sched == "" {
-			sched = DefaultScheduler
+		sched, err := Scheduler(scheduler)
+		if err != nil {
+			return nil, err
 		}
-		if !slices.Contains(Schedulers, sched) {
-			return nil, fmt.Errorf("unknown IPVS scheduler %q (want one of %v)", sched, Schedulers)
-		}
-		lists = [][]string{natCore, ipvsModules, {"ip_vs_" + string(sched)}, nftablesCommon}
+		lists = [][]string{natCore, ipvsModules, {SchedulerModule(sched)}, nftablesCommon}
 	default:
 		return nil, fmt.Errorf("unknown proxy mode %q (want %s, %s or %s)", mode, v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS)
 	}
@@ -113,5 +114,40 @@ func IPTablesBackendModules(backend string) ([]string, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown iptables backend %q (want legacy or nft)", backend)
 	}
-	return append([]string(nil), mods...), nil
+	return slices.Clone(mods), nil
+}
+
+// PreflightModules are the modules the operator checks by name in a
+// node's kernel facts before it moves the node to mode, sorted. Only ipvs
+// has any: the IPVS core, the scheduler's module and connection tracking,
+// which distribution kernels ship as loadable modules that may be absent.
+// The other modes are checked through the capabilities the agent probes
+// (nf_tables answering over netlink, a working iptables backend), which
+// say more than module states: nf_tables and x_tables are built into many
+// kernels.
+func PreflightModules(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings) []string {
+	if mode != v1alpha1.ModeIPVS {
+		return nil
+	}
+	var sched v1alpha1.IPVSScheduler
+	if settings != nil && settings.IPVS != nil {
+		sched = settings.IPVS.Scheduler
+	}
+	if sched == "" {
+		sched = DefaultScheduler
+	}
+	mods := []string{IPVSModule, SchedulerModule(sched), ConntrackModule}
+	slices.Sort(mods)
+	return mods
+}
+
+// ModuleUsable says whether a module in this state can be used: it is
+// loaded, built in, or can be loaded. Missing and Unknown are not usable;
+// the operator fails closed on Unknown.
+func ModuleUsable(s v1alpha1.ModuleState) bool {
+	switch s {
+	case v1alpha1.ModuleLoaded, v1alpha1.ModuleBuiltIn, v1alpha1.ModuleLoadable:
+		return true
+	}
+	return false
 }
