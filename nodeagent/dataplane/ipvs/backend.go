@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -155,7 +156,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	var conflicts []vsKey
 	settingsDone := false
 	for _, f := range families {
-		ports, ok := req.Model.Ports[f.model]
+		ports, ok := req.Model.Ports[f.Model]
 		if !ok {
 			continue
 		}
@@ -204,7 +205,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 // renderConfig returns what rendering family f depends on, reading the
 // node's addresses when NodePorts answer on all of them.
 func (b *Backend) renderConfig(kn *kernel, f *family) (*renderConfig, error) {
-	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.model), scheduler: string(b.scheduler), exclude: b.exclude}
+	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.Model), scheduler: string(b.scheduler), exclude: b.exclude}
 	rc.nodePortIPs = rc.policy.NodePortIPs
 	if rc.policy.NodePortsAnyLocal {
 		var err error
@@ -267,12 +268,12 @@ func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[
 // bound before its virtual services exist.
 func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 	if p.replace {
-		if err := kn.writeTable(p.elems, func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	} else if len(p.preDel)+len(p.add) > 0 {
-		if err := kn.writeTable(append(p.preDel, p.add...), func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	}
 	if err := kn.applyIPVS(f, p.create, p.update); err != nil {
@@ -285,8 +286,8 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 		return err
 	}
 	if len(p.postDel) > 0 {
-		if err := kn.writeTable(p.postDel, func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
-			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
+			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.Name, err)
 		}
 	}
 	return nil
@@ -355,7 +356,7 @@ func (b *Backend) Present(ctx context.Context) (bool, error) {
 	if l, err := kn.dummy(false); err != nil || l != nil {
 		return l != nil, err
 	}
-	conn, err := kn.nft()
+	conn, err := nft.Open(kn.netns)
 	if err != nil {
 		return false, err
 	}
@@ -363,7 +364,7 @@ func (b *Backend) Present(ctx context.Context) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		if t, err := helperTable(conn, f); err != nil || t != nil {
+		if t, err := nft.FindTable(conn, f.Table, TableName); err != nil || t != nil {
 			return t != nil, err
 		}
 	}
@@ -429,22 +430,21 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 			removed = append(removed, "dummy interface "+DummyInterface+" with its addresses")
 		}
 	}
-	conn, err := kn.nft()
+	conn, err := nft.Open(kn.netns)
 	if err != nil {
 		return removed, errors.Join(append(errs, err)...)
 	}
 	for _, f := range families {
-		t, err := helperTable(conn, f)
+		t, err := nft.FindTable(conn, f.Table, TableName)
 		if err != nil || t == nil {
 			errs = append(errs, err)
 			continue
 		}
-		conn.DelTable(t)
-		if err := conn.Flush(); err != nil {
-			errs = append(errs, fmt.Errorf("ipvs: delete table %s %s: %w", f.name, TableName, err))
+		if err := kn.writeTable(func(conn *nftables.Conn) error { conn.DelTable(t); return nil }); err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: delete table %s %s: %w", f.Name, TableName, err))
 			continue
 		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
+		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.Name, TableName))
 	}
 	return removed, errors.Join(errs...)
 }

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -24,7 +25,7 @@ var testConfig = dataplane.NodeConfig{
 
 // testRenderConfig renders family f of cfg with the round-robin scheduler.
 func testRenderConfig(f *family, cfg dataplane.NodeConfig) *renderConfig {
-	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(cfg, f.model), scheduler: "rr"}
+	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(cfg, f.Model), scheduler: "rr"}
 	rc.nodePortIPs = rc.policy.NodePortIPs
 	return rc
 }
@@ -152,18 +153,14 @@ func dumpState(st *familyState) string {
 	return b.String()
 }
 
-// dumpChains renders the helper table's chains as nft lists them.
-func dumpChains(chains []tableChain) string {
+// dumpTable renders the helper table's chains as nft lists them (the sets
+// are in the elements dumpState lists).
+func dumpTable(f *family, chains []nft.Chain) string {
 	var b strings.Builder
-	for _, c := range chains {
-		fmt.Fprintf(&b, "chain %s {\n", c.name)
-		if h := c.hook; h != nil {
-			fmt.Fprintf(&b, "  type %s hook %s priority %d\n", h.typ, h.name, h.priority)
-		}
-		for _, r := range c.rules {
-			fmt.Fprintf(&b, "  %s\n", r.text)
-		}
-		b.WriteString("}\n")
+	b.WriteString("table " + f.Name + " " + TableName + " {\n")
+	for i := range chains {
+		chains[i].Dump(&b)
 	}
+	b.WriteString("}\n")
 	return b.String()
 }

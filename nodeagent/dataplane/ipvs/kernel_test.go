@@ -20,6 +20,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/vm"
@@ -123,7 +124,7 @@ func dumpIPVS(t *testing.T, h *libipvs.Handle) string {
 		line := fmt.Sprintf("fwmark %d sched %s", s.FWMark, s.SchedName)
 		if s.FWMark == 0 {
 			a, _ := netip.AddrFromSlice(s.Address)
-			line = fmt.Sprintf("%s/%s sched %s flags %d timeout %d", protoName(uint8(s.Protocol)),
+			line = fmt.Sprintf("%s/%s sched %s flags %d timeout %d", nft.ProtoName(uint8(s.Protocol)),
 				netip.AddrPortFrom(a.Unmap(), s.Port), s.SchedName, s.Flags&^svcFlagHashed, s.Timeout)
 		}
 		dests, err := h.GetDestinations(s)

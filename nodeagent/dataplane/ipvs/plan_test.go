@@ -337,7 +337,7 @@ func TestCounts(t *testing.T) {
 	}
 	rules := 0
 	for _, ch := range st.chains {
-		rules += len(ch.rules)
+		rules += len(ch.Rules)
 	}
 	services := st.services()
 	dests := 0

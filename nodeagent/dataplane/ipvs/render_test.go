@@ -83,9 +83,8 @@ func TestRenderGolden(t *testing.T) {
 func TestTableChains(t *testing.T) {
 	var b strings.Builder
 	for _, f := range families {
-		p := dataplane.NewNodePolicy(testConfig, f.model)
-		b.WriteString("table " + f.name + " " + TableName + "\n")
-		b.WriteString(dumpChains(tableChains(f, p.ClusterCIDRs, p.MasqueradeMark)))
+		p := dataplane.NewNodePolicy(testConfig, f.Model)
+		b.WriteString(dumpTable(f, tableChains(f, p.ClusterCIDRs, p.MasqueradeMark)))
 	}
 	dataplanetest.Golden(t, "table", b.String())
 }

@@ -6,7 +6,9 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -36,10 +38,10 @@ func commitTable(t *testing.T, b *kernel, f *family, st *familyState, p *plan) {
 	t.Helper()
 	var err error
 	if p.replace {
-		err = b.writeTable(p.elems, func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) })
+		err = b.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) })
 	} else {
 		del := append(p.preDel, p.postDel...)
-		err = b.writeTable(append(del, p.add...), func(conn *nftables.Conn) error { return queueElements(conn, f, del, p.add) })
+		err = b.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, del, p.add) })
 	}
 	if err != nil {
 		t.Fatalf("write the helper table: %v", err)
@@ -55,7 +57,7 @@ func checkTable(t *testing.T, b *kernel, f *family, st *familyState) {
 	}
 	rules := 0
 	for _, c := range st.chains {
-		rules += len(c.rules)
+		rules += len(c.Rules)
 	}
 	elems := st.elements()
 	if tc.rules != rules || tc.elements != len(elems)+len(fixedElements()) {
@@ -71,9 +73,9 @@ func checkTable(t *testing.T, b *kernel, f *family, st *familyState) {
 }
 
 func TestHelperTableInKernel(t *testing.T) {
-	_, b := tableNS(t)
+	ns, b := tableNS(t)
 	for _, f := range families {
-		t.Run(f.name, func(t *testing.T) {
+		t.Run(f.Name, func(t *testing.T) {
 			rc := testRenderConfig(f, testConfig)
 			base := baseModel()
 			if f == ipv6 {
@@ -83,6 +85,8 @@ func TestHelperTableInKernel(t *testing.T) {
 			st, _ := newState(rc, base, nil)
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
 			checkTable(t, b, f, st)
+			// nft lists the chains the golden dump (table.golden) shows.
+			nfttest.EqualChains(t, f.Name, nfttest.List(t, nsexec.NS(ns.FD()), f.Name, TableName), dumpTable(f, st.chains))
 
 			// A second full sync replaces the table in place.
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
@@ -112,7 +116,7 @@ func TestHelperTableInKernel(t *testing.T) {
 // buffer takes in one sendmsg.
 func TestHelperTableLarge(t *testing.T) {
 	_, b := tableNS(t)
-	st, _ := newState(testRenderConfig(ipv4, testConfig), benchModel(2000).Ports[ipv4.model], nil)
+	st, _ := newState(testRenderConfig(ipv4, testConfig), benchModel(2000).Ports[ipv4.Model], nil)
 	commitTable(t, b, ipv4, st, fullPlan(st, &kernelView{}))
 	checkTable(t, b, ipv4, st)
 }

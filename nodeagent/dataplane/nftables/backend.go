@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -127,7 +128,7 @@ func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.Service
 	ops, stale := fullPlan(rs, kt)
 	if err := b.commit(f, ops); err != nil {
 		if err2 := b.commit(f, replacePlan(rs, kt != nil)); err2 != nil {
-			return fmt.Errorf("nftables: sync %s table: %w", f.name, errors.Join(err, err2))
+			return fmt.Errorf("nftables: sync %s table: %w", f.Name, errors.Join(err, err2))
 		}
 		stale = nil
 	}
@@ -180,7 +181,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 	for _, ch := range changes {
 		if ch.new != nil {
 			for _, c := range ch.new.chains {
-				delete(b.stale[f], c.name)
+				delete(b.stale[f], c.Name)
 			}
 		}
 	}
@@ -251,11 +252,11 @@ func (b *Backend) deleteStale(f *family) {
 
 // commit sends ops as one transaction on the family's table.
 func (b *Backend) commit(f *family, ops []op) error {
-	t := newTxn(b.netns)
-	if err := queue(t.conn, f, ops); err != nil {
+	t := nft.NewTxn(b.netns)
+	if err := queue(t.Conn(), f, ops); err != nil {
 		return err
 	}
-	return t.commit()
+	return t.Commit()
 }
 
 // conn returns a google/nftables connection for reading.
@@ -265,9 +266,9 @@ func (b *Backend) conn() (*nftables.Conn, error) {
 
 // table returns our table of family f as the kernel has it, nil if absent.
 func (b *Backend) table(conn *nftables.Conn, f *family) (*nftables.Table, error) {
-	tables, err := conn.ListTablesOfFamily(f.table)
+	tables, err := conn.ListTablesOfFamily(f.Table)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s tables: %w", f.name, err)
+		return nil, fmt.Errorf("nftables: list %s tables: %w", f.Name, err)
 	}
 	for _, t := range tables {
 		if t.Name == TableName {
@@ -289,9 +290,9 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 		return nil, err
 	}
 	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
-	chains, err := conn.ListChainsOfTableFamily(f.table)
+	chains, err := conn.ListChainsOfTableFamily(f.Table)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s chains: %w", f.name, err)
+		return nil, fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
 	}
 	for _, c := range chains {
 		if c.Table != nil && c.Table.Name == TableName {
@@ -300,7 +301,7 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 	}
 	sets, err := conn.GetSets(t)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+		return nil, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
 	}
 	for _, s := range sets {
 		if !s.Anonymous {
@@ -335,7 +336,7 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 		}
 		sets, err := conn.GetSets(t)
 		if err != nil {
-			return total, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+			return total, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
 		}
 		services := map[string]bool{}
 		// endpoints holds, per service port (its id), the distinct
@@ -347,7 +348,7 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 			}
 			elems, err := conn.GetSetElements(s)
 			if err != nil {
-				return total, fmt.Errorf("nftables: list %s set %s: %w", f.name, s.Name, err)
+				return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
 			}
 			isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
 			for _, e := range elems {
@@ -372,7 +373,7 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 		for _, eps := range endpoints {
 			total.Endpoints += len(eps)
 		}
-		counts, err := ruleCounts(b.netns, f.table, TableName)
+		counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
 		if err != nil {
 			return total, err
 		}
@@ -431,9 +432,9 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 			continue
 		}
 		if err := b.commit(f, []op{{kind: opDelTable}}); err != nil {
-			return removed, fmt.Errorf("nftables: delete table %s %s: %w", f.name, TableName, err)
+			return removed, fmt.Errorf("nftables: delete table %s %s: %w", f.Name, TableName, err)
 		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
+		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.Name, TableName))
 	}
 	return removed, nil
 }
@@ -448,7 +449,7 @@ var sharedMaps = map[string]bool{
 func (rs *ruleset) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, ch := range rs.chains {
-		c.Rules += len(ch.rules)
+		c.Rules += len(ch.Rules)
 	}
 	for _, s := range rs.sets {
 		c.Rules += len(s.elems)
@@ -474,7 +475,7 @@ func (objs *portObjects) counts() dataplane.Counts {
 	c.Rules += shared + len(objs.endpointElems)
 	c.Endpoints += objs.endpoints
 	for _, ch := range objs.chains {
-		c.Rules += len(ch.rules)
+		c.Rules += len(ch.Rules)
 	}
 	for _, s := range objs.sets {
 		c.Rules += len(s.elems)
@@ -491,4 +492,4 @@ func sub(a, b dataplane.Counts) dataplane.Counts {
 }
 
 // familyKey is the model family a table family programs.
-func familyKey(f *family) corev1.IPFamily { return f.model }
+func familyKey(f *family) corev1.IPFamily { return f.Model }

@@ -294,19 +294,19 @@ func TestFullPlanInPlace(t *testing.T) {
 	// service-ips map, and the affinity set with its state.
 	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
 	for _, c := range rs.allChains() {
-		kc := &nftables.Chain{Name: c.name}
-		if c.hook != nil {
-			prio := c.hook.priority
-			if c.name == chainNATPrerouting {
+		kc := &nftables.Chain{Name: c.Name}
+		if c.Hook != nil {
+			prio := c.Hook.Priority
+			if c.Name == chainNATPrerouting {
 				prio = -100
 			}
-			kc.Type, kc.Hooknum, kc.Priority = c.hook.typ, nftables.ChainHookRef(c.hook.num), nftables.ChainPriorityRef(prio)
+			kc.Type, kc.Hooknum, kc.Priority = c.Hook.Type, nftables.ChainHookRef(c.Hook.Num), nftables.ChainPriorityRef(prio)
 		}
-		kt.chains[c.name] = kc
+		kt.chains[c.Name] = kc
 	}
 	kt.chains["service-OLD-default/gone/tcp/http"] = &nftables.Chain{Name: "service-OLD-default/gone/tcp/http"}
 	for _, s := range rs.allSets() {
-		kt.sets[s.name] = kernelSet(nil, s)
+		kt.sets[s.name] = s.kernel(nil)
 	}
 	kt.sets["affinity-OLD-default/gone/tcp/http__10.244.9.9/80"] = &nftables.Set{HasTimeout: true, Dynamic: true, Timeout: time.Hour}
 
@@ -356,26 +356,5 @@ func TestFullPlanInPlace(t *testing.T) {
 	}
 	if chains != len(rs.allChains()) || sets != len(rs.allSets()) {
 		t.Errorf("plan for a missing table adds %d chains and %d sets, want %d and %d", chains, sets, len(rs.allChains()), len(rs.allSets()))
-	}
-}
-
-func TestChunks(t *testing.T) {
-	var elems []element
-	for i := range 5000 {
-		elems = append(elems, element{key: make([]byte, 12), comment: strings.Repeat("x", 60), verdict: gotoChain(strings.Repeat("c", 200) + fmt.Sprint(i))})
-	}
-	total := 0
-	for _, c := range chunks(elems) {
-		size := 0
-		for _, e := range c {
-			size += 64 + len(e.key) + len(e.comment) + len(e.verdict.chain)
-		}
-		if size > maxElementBytes {
-			t.Errorf("chunk of %d bytes", size)
-		}
-		total += len(c)
-	}
-	if total != len(elems) {
-		t.Errorf("chunks hold %d elements, want %d", total, len(elems))
 	}
 }

@@ -106,19 +106,24 @@ func portsOf(sps ...*model.ServicePort) map[model.ServicePortName]*model.Service
 	return m
 }
 
-func TestRenderGolden(t *testing.T) {
+// goldenCase is one table of the golden files: its service ports,
+// rendered in family f for a node cfg describes.
+type goldenCase struct {
+	name  string
+	f     *family
+	cfg   dataplane.NodeConfig
+	ports []*model.ServicePort
+}
+
+// goldenCases are the tables in testdata/, one a kind of service.
+func goldenCases() []goldenCase {
 	withNodeIPs := testConfig
 	withNodeIPs.NodeIPs = []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")}
 	masqAll := testConfig
 	masqAll.MasqueradeAll = true
 	masqAll.ClusterCIDRs = nil
 
-	for _, tc := range []struct {
-		name  string
-		f     *family
-		cfg   dataplane.NodeConfig
-		ports []*model.ServicePort
-	}{
+	return []goldenCase{
 		{"clusterip", ipv4, testConfig, []*model.ServicePort{
 			svc("default", "web", "http", "10.96.0.10", 80,
 				ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.4", 8080)),
@@ -166,7 +171,11 @@ func TestRenderGolden(t *testing.T) {
 			svc("default", "web", "http", "fd00:10:96::10", 80, nodePort(30080),
 				ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::3", 8080, local)),
 		}},
-	} {
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	for _, tc := range goldenCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, _ := render(tc.f, portsOf(tc.ports...), newNodePolicy(tc.f, tc.cfg))
 			again, _ := render(tc.f, portsOf(tc.ports...), newNodePolicy(tc.f, tc.cfg))

@@ -1,4 +1,4 @@
-package nftables
+package nft
 
 import (
 	"encoding/binary"
@@ -26,8 +26,9 @@ import (
 // reports any failing message regardless, and it has processed the whole
 // batch before sendmsg returns.
 
-// txn is one transaction in the making.
-type txn struct {
+// Txn is one transaction in the making: queue its messages with
+// google/nftables' calls on Conn, then Commit.
+type Txn struct {
 	conn  *nftables.Conn
 	netns int
 	// sent records that the batch went out and err what the kernel said.
@@ -35,17 +36,22 @@ type txn struct {
 	err  error
 }
 
-// newTxn returns an empty transaction for the network namespace netns
+// NewTxn returns an empty transaction for the network namespace netns
 // (0: the caller's).
-func newTxn(netns int) *txn {
-	t := &txn{netns: netns}
+func NewTxn(netns int) *Txn {
+	t := &Txn{netns: netns}
 	// New only fails when dialing a lasting connection, which this is not.
 	t.conn, _ = nftables.New(nftables.WithTestDial(t.exchange))
 	return t
 }
 
-// commit sends the queued batch and reports the kernel's verdict on it.
-func (t *txn) commit() error {
+// Conn is the connection to queue the transaction's messages on.
+func (t *Txn) Conn() *nftables.Conn { return t.conn }
+
+// Commit sends the queued batch and reports the kernel's verdict on it:
+// nil when it applied the whole batch, the first failing message's error
+// when it applied none of it.
+func (t *Txn) Commit() error {
 	if err := t.conn.Flush(); err != nil {
 		return err
 	}
@@ -56,12 +62,12 @@ func (t *txn) commit() error {
 // library sends the batch (req != nil) and then waits for one
 // acknowledgement per message (req == nil), which it gets here; the
 // kernel's real answer is kept in t.err for commit.
-func (t *txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
+func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if req == nil {
 		return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
 	}
 	if t.sent {
-		t.err = errors.Join(t.err, errors.New("nftables: second batch on one transaction"))
+		t.err = errors.Join(t.err, errors.New("nft: second batch on one transaction"))
 		return nil, nil
 	}
 	t.sent = true
@@ -100,7 +106,7 @@ func sendBatch(netns int, batch []netlink.Message) error {
 	// The whole batch goes out in one sendmsg, which the socket's send
 	// buffer must hold (SO_SNDBUFFORCE as root).
 	if err := c.SetWriteBuffer(len(buf) + 1<<16); err != nil {
-		return fmt.Errorf("nftables: send buffer of %d bytes: %w", len(buf), err)
+		return fmt.Errorf("nft: send buffer of %d bytes: %w", len(buf), err)
 	}
 	// Error reports carry the kernel's reason, and there is room for
 	// many: if they overflowed the socket, the first one, which names the
@@ -109,7 +115,7 @@ func sendBatch(netns int, batch []netlink.Message) error {
 	_ = c.SetOption(netlink.ExtendedAcknowledge, true)
 	_ = c.SetReadBuffer(4 << 20)
 	if err := send(c, buf); err != nil {
-		return fmt.Errorf("nftables: send batch of %d messages: %w", len(batch)-2, err)
+		return fmt.Errorf("nft: send batch of %d messages: %w", len(batch)-2, err)
 	}
 	if err := c.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
 		return err
@@ -120,7 +126,7 @@ func sendBatch(netns int, batch []netlink.Message) error {
 		// rejected the batch and applied none of it.
 		msgs, err := c.Receive()
 		if err != nil {
-			return fmt.Errorf("nftables: transaction rejected: %w", err)
+			return fmt.Errorf("nft: transaction rejected: %w", err)
 		}
 		for _, m := range msgs {
 			if m.Header.Sequence == want {
@@ -175,58 +181,7 @@ func send(c *netlink.Conn, buf []byte) error {
 func dial(netns int) (*netlink.Conn, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
 	if err != nil {
-		return nil, fmt.Errorf("nftables: netlink socket: %w", err)
+		return nil, fmt.Errorf("nft: netlink socket: %w", err)
 	}
 	return c, nil
-}
-
-// ruleCounts returns the number of rules in each chain of table (family
-// fam), from one dump of the whole table. google/nftables can only list
-// the rules of one chain at a time, which for tens of thousands of chains
-// means as many round trips.
-func ruleCounts(netns int, fam nftables.TableFamily, table string) (map[string]int, error) {
-	c, err := dial(netns)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	ae := netlink.NewAttributeEncoder()
-	ae.String(unix.NFTA_RULE_TABLE, table)
-	attrs, err := ae.Encode()
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		// struct nfgenmsg: family, version, resource id.
-		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("nftables: list rules of %s: %w", table, err)
-	}
-	counts := map[string]int{}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_RULE_CHAIN {
-				counts[ad.String()]++
-			}
-		}
-		if err := ad.Err(); err != nil {
-			return nil, err
-		}
-	}
-	return counts, nil
 }
