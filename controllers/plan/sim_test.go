@@ -11,6 +11,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -252,7 +253,7 @@ func (s *sim) inTransition(c *v1alpha1.ProxyConfig) (int, int) {
 	}
 	selected, inTrans := 0, 0
 	for _, n := range s.nodes {
-		if n.Deleting || !sel.Matches(labelsSet(n.Labels)) {
+		if n.Deleting || !sel.Matches(labels.Set(n.Labels)) {
 			continue
 		}
 		selected++
@@ -288,7 +289,7 @@ func (s *sim) conflicting(c *v1alpha1.ProxyConfig, n Node) bool {
 		if o.Name == c.Name {
 			continue
 		}
-		if sel, err := Selector(o); err == nil && sel.Matches(labelsSet(n.Labels)) {
+		if sel, err := Selector(o); err == nil && sel.Matches(labels.Set(n.Labels)) {
 			return true
 		}
 	}
