@@ -49,6 +49,16 @@ type Counts struct {
 	Rules int
 }
 
+// Plus is c and o together.
+func (c Counts) Plus(o Counts) Counts {
+	return Counts{Services: c.Services + o.Services, Endpoints: c.Endpoints + o.Endpoints, Rules: c.Rules + o.Rules}
+}
+
+// Minus is c without o.
+func (c Counts) Minus(o Counts) Counts {
+	return Counts{Services: c.Services - o.Services, Endpoints: c.Endpoints - o.Endpoints, Rules: c.Rules - o.Rules}
+}
+
 // Backend is a service-proxy dataplane. Implementations own a fixed set of
 // kernel objects, named after proxyshift, and touch nothing else.
 type Backend interface {

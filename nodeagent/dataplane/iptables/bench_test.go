@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
-	"github.com/proxyshift/proxyshift/nodeagent/model"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 // The benchmarks program a real kernel, in a network namespace of their
@@ -18,22 +15,6 @@ import (
 // each iptables variant.
 
 var benchSizes = []int{1000, 10000}
-
-func benchModel(n int) *model.Snapshot {
-	ports := map[model.ServicePortName]*model.ServicePort{}
-	for i := range n {
-		var opts []opt
-		for j := range 10 {
-			opts = append(opts, endpoint(fmt.Sprintf("10.%d.%d.%d", 128+i/65536, i/256%256, i%256), int32(8000+j), false))
-		}
-		sp := port("ns", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), 80, opts...)
-		ports[sp.Name] = sp
-	}
-	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
-		corev1.IPv4Protocol: ports,
-		corev1.IPv6Protocol: {},
-	}}
-}
 
 // forEachSize runs fn as a sub-benchmark per variant and size.
 func forEachSize(b *testing.B, fn func(b *testing.B, v Variant, n int)) {
@@ -52,7 +33,7 @@ func BenchmarkFullSync(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
 		ns := kernelNS(b, v)
 		be := newKernelBackend(b, ns, v)
-		m := benchModel(n)
+		m := dt.BenchModel(n)
 		ctx := context.Background()
 		start := time.Now()
 		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
@@ -74,11 +55,11 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
 		ns := kernelNS(b, v)
 		be := newKernelBackend(b, ns, v)
-		m := benchModel(n)
+		m := dt.BenchModel(n)
 		ctx := context.Background()
 		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 			b.Fatal(err)
 		}
-		dataplanetest.EndpointChanges(b, be, m)
+		dt.EndpointChanges(b, be, m)
 	})
 }

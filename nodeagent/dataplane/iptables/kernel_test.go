@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
@@ -68,23 +69,23 @@ func ipt(t testing.TB, ns *netlab.NetNS, v Variant, ip6 bool, tool string, stdin
 
 // kernelModel is a mix of every kind of service, in both families.
 func kernelModel() *model.Snapshot {
-	v4 := portMap(
-		port("default", "web", "http", "10.96.0.10", 80,
-			endpoint("10.244.1.2", 8080, false), endpoint("10.244.2.3", 8080, false), endpoint("10.244.3.4", 8080, false)),
-		port("default", "np", "http", "10.96.0.11", 80, withNodePort(30080), endpoint("10.244.1.5", 8080, true)),
-		port("shop", "front", "https", "10.96.0.20", 443, withNodePort(30443), withLB("198.18.100.1"),
-			withRanges("203.0.113.0/24", "192.168.1.0/24"), endpoint("10.244.1.6", 8443, false)),
-		port("default", "session", "http", "10.96.0.30", 80, withAffinity(time.Hour),
-			endpoint("10.244.1.7", 8080, false), endpoint("10.244.2.7", 8080, false)),
-		port("default", "empty", "http", "10.96.0.40", 80, withNodePort(30040), withExternal("198.18.50.6")),
-		port("default", "ingress", "http", "10.96.0.80", 80, withNodePort(30081), withLB("198.18.100.2"), etpLocal,
-			endpoint("10.244.2.8", 8080, false)),
-		port("default", "dns", "dns", "10.96.0.53", 53, udp, withExternal("198.18.50.5"), endpoint("10.244.1.9", 53, false)),
-		port("default", "cache", "dns", "10.96.0.54", 53, udp, itpLocal, endpoint("10.244.2.9", 53, false)),
+	v4 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80,
+			dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)),
+		dt.Svc("default", "np", "http", "10.96.0.11", 80, dt.NodePort(30080), dt.EP("10.244.1.5", 8080, dt.Local)),
+		dt.Svc("shop", "front", "https", "10.96.0.20", 443, dt.NodePort(30443), dt.LB("198.18.100.1"),
+			dt.SourceRanges("203.0.113.0/24", "192.168.1.0/24"), dt.EP("10.244.1.6", 8443)),
+		dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour),
+			dt.EP("10.244.1.7", 8080), dt.EP("10.244.2.7", 8080)),
+		dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6")),
+		dt.Svc("default", "ingress", "http", "10.96.0.80", 80, dt.NodePort(30081), dt.LB("198.18.100.2"), dt.ETPLocal,
+			dt.EP("10.244.2.8", 8080)),
+		dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.9", 53)),
+		dt.Svc("default", "cache", "dns", "10.96.0.54", 53, dt.UDP, dt.ITPLocal, dt.EP("10.244.2.9", 53)),
 	)
-	v6 := portMap(
-		port("default", "web", "http", "fd00:10:96::10", 80, withNodePort(30080),
-			endpoint("fd00:10:244:1::2", 8080, false), endpoint("fd00:10:244:2::3", 8080, true)),
+	v6 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080),
+			dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)),
 	)
 	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
 		corev1.IPv4Protocol: v4, corev1.IPv6Protocol: v6,
@@ -224,14 +225,14 @@ func TestKernelIncrementalMatchesFull(t *testing.T) {
 			}},
 			{"endpoints gained, policy Local", func() model.ChangeSet {
 				sp := *v4[empty]
-				endpoint("10.244.1.40", 80, true)(&sp)
-				etpLocal(&sp)
+				dt.EP("10.244.1.40", 80, dt.Local)(&sp)
+				dt.ETPLocal(&sp)
 				v4[empty] = &sp
 				return model.ChangeSet{empty: {}}
 			}},
 			{"port deleted, port added, unchanged port named", func() model.ChangeSet {
 				delete(v4, web)
-				added := port("default", "new", "http", "10.96.0.90", 80, endpoint("10.244.3.90", 80, false))
+				added := dt.Svc("default", "new", "http", "10.96.0.90", 80, dt.EP("10.244.3.90", 80))
 				v4[added.Name] = added
 				return model.ChangeSet{web: {}, added.Name: {}, np: {}}
 			}},

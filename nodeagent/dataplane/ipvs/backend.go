@@ -299,55 +299,63 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 // each, Rules the virtual services, real servers, helper-table elements
 // and rules.
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
-	var total dataplane.Counts
 	kn, err := b.open()
+	if err != nil {
+		return dataplane.Counts{}, err
+	}
+	defer kn.close()
+	return dataplane.SumFamilies(ctx, families, kn.programmed)
+}
+
+// programmed reads back what the kernel holds for family f.
+func (kn *kernel) programmed(f *family) (dataplane.Counts, error) {
+	var total dataplane.Counts
+	tc, ours, err := kn.ours(f, true, nil)
 	if err != nil {
 		return total, err
 	}
-	defer kn.close()
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return total, err
+	total.Rules += tc.elements + tc.rules
+	endpoints := map[string]map[netip.AddrPort]bool{}
+	for k, vs := range ours {
+		total.Rules += 1 + len(vs.dests)
+		port, recorded := tc.records[k]
+		if !recorded {
+			continue
 		}
-		tc, err := kn.readTable(f, true)
-		if err != nil {
-			return total, err
+		if endpoints[port] == nil {
+			endpoints[port] = map[netip.AddrPort]bool{}
 		}
-		addrs, err := kn.dummyAddrs(f)
-		if err != nil {
-			return total, err
-		}
-		ours, _, err := kn.readServices(f, tc.records, addrs, nil)
-		if err != nil {
-			return total, err
-		}
-		total.Rules += tc.elements + tc.rules
-		endpoints := map[string]map[netip.AddrPort]bool{}
-		for k, vs := range ours {
-			total.Rules += 1 + len(vs.dests)
-			port, recorded := tc.records[k]
-			if !recorded {
-				continue
-			}
-			if endpoints[port] == nil {
-				endpoints[port] = map[netip.AddrPort]bool{}
-			}
-			for d := range vs.dests {
-				endpoints[port][d] = true
-			}
-		}
-		total.Services += len(endpoints)
-		for _, eps := range endpoints {
-			total.Endpoints += len(eps)
+		for d := range vs.dests {
+			endpoints[port][d] = true
 		}
 	}
+	total.Services += len(endpoints)
+	for _, eps := range endpoints {
+		total.Endpoints += len(eps)
+	}
 	return total, nil
+}
+
+// ours reads family f's helper table (counting its rules and elements
+// with counts) and the virtual services in the kernel that are ours
+// (readServices; known are those the last sync programmed).
+func (kn *kernel) ours(f *family, counts bool, known map[vsKey]bool) (*tableContents, map[vsKey]*virtualService, error) {
+	tc, err := kn.readTable(f, counts)
+	if err != nil {
+		return nil, nil, err
+	}
+	addrs, err := kn.dummyAddrs(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	ours, _, err := kn.readServices(f, tc.records, addrs, known)
+	return tc, ours, err
 }
 
 // Present says whether the node holds any object of the backend (its
 // dummy interface or a helper table), programmed by this process or not:
 // whether this node has, or had and never cleaned up, IPVS mode.
-func (b *Backend) Present(ctx context.Context) (bool, error) {
+func (b *Backend) Present(context.Context) (bool, error) {
 	kn, err := b.open()
 	if err != nil {
 		return false, err
@@ -356,19 +364,7 @@ func (b *Backend) Present(ctx context.Context) (bool, error) {
 	if l, err := kn.dummy(false); err != nil || l != nil {
 		return l != nil, err
 	}
-	conn, err := nft.Open(kn.netns)
-	if err != nil {
-		return false, err
-	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		if t, err := nft.FindTable(conn, f.Table, TableName); err != nil || t != nil {
-			return t != nil, err
-		}
-	}
-	return false, nil
+	return nft.TableExists(kn.netns, TableName)
 }
 
 // Cleanup removes everything the backend owns: its virtual services (as
@@ -390,21 +386,13 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		tc, err := kn.readTable(f, false)
-		if err != nil {
-			return removed, err
-		}
-		addrs, err := kn.dummyAddrs(f)
-		if err != nil {
-			return removed, err
-		}
 		known := map[vsKey]bool{}
 		if st := b.state[f]; st != nil {
 			for k := range st.owners {
 				known[k] = true
 			}
 		}
-		ours, _, err := kn.readServices(f, tc.records, addrs, known)
+		tc, ours, err := kn.ours(f, false, known)
 		if err != nil {
 			return removed, err
 		}
@@ -430,21 +418,13 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 			removed = append(removed, "dummy interface "+DummyInterface+" with its addresses")
 		}
 	}
-	conn, err := nft.Open(kn.netns)
-	if err != nil {
-		return removed, errors.Join(append(errs, err)...)
-	}
 	for _, f := range families {
-		t, err := nft.FindTable(conn, f.Table, TableName)
-		if err != nil || t == nil {
-			errs = append(errs, err)
-			continue
+		line, err := nft.DeleteTable(kn.netns, f.Family, TableName)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: %w", err))
+		} else if line != "" {
+			removed = append(removed, line)
 		}
-		if err := kn.writeTable(func(conn *nftables.Conn) error { conn.DelTable(t); return nil }); err != nil {
-			errs = append(errs, fmt.Errorf("ipvs: delete table %s %s: %w", f.Name, TableName, err))
-			continue
-		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.Name, TableName))
 	}
 	return removed, errors.Join(errs...)
 }

@@ -3,15 +3,12 @@ package ipvs
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
-	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // testConfig is a node with one NodePort address, a pod network and the
@@ -30,100 +27,12 @@ func testRenderConfig(f *family, cfg dataplane.NodeConfig) *renderConfig {
 	return rc
 }
 
-// portOpt changes a service port under construction.
-type portOpt func(*model.ServicePort)
-
-// svc builds a service port ns/name:port/TCP (by default) at clusterIP.
-func svc(ns, name, port, clusterIP string, number int32, opts ...portOpt) *model.ServicePort {
-	ip := netip.MustParseAddr(clusterIP)
-	fam := corev1.IPv4Protocol
-	if ip.Is6() {
-		fam = corev1.IPv6Protocol
+// familyOf is the family of a model family.
+func familyOf(f corev1.IPFamily) *family {
+	if f == corev1.IPv6Protocol {
+		return ipv6
 	}
-	sp := &model.ServicePort{
-		Name:      model.ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: corev1.ProtocolTCP},
-		Family:    fam,
-		ClusterIP: ip,
-		Protocol:  corev1.ProtocolTCP,
-		Port:      number,
-	}
-	for _, o := range opts {
-		o(sp)
-	}
-	slices.SortFunc(sp.Endpoints, func(a, b model.Endpoint) int { return a.IP.Compare(b.IP) })
-	return sp
-}
-
-// epOpt changes an endpoint under construction.
-type epOpt func(*model.Endpoint)
-
-var (
-	local       epOpt = func(e *model.Endpoint) { e.IsLocal, e.NodeName = true, "node-1" }
-	terminating epOpt = func(e *model.Endpoint) { e.Ready, e.Terminating = false, true }
-	notServing  epOpt = func(e *model.Endpoint) { e.Serving = false }
-)
-
-// ep adds a ready endpoint on another node.
-func ep(ip string, port int32, opts ...epOpt) portOpt {
-	return func(sp *model.ServicePort) {
-		e := model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, NodeName: "node-2"}
-		for _, o := range opts {
-			o(&e)
-		}
-		sp.Endpoints = append(sp.Endpoints, e)
-	}
-}
-
-func udp(sp *model.ServicePort) {
-	sp.Protocol, sp.Name.Protocol = corev1.ProtocolUDP, corev1.ProtocolUDP
-}
-
-func nodePort(p int32) portOpt { return func(sp *model.ServicePort) { sp.NodePort = p } }
-
-func externalIPs(ips ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, s := range ips {
-			sp.ExternalIPs = append(sp.ExternalIPs, netip.MustParseAddr(s))
-		}
-	}
-}
-
-func lb(ips ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, s := range ips {
-			sp.LoadBalancerIPs = append(sp.LoadBalancerIPs, netip.MustParseAddr(s))
-		}
-	}
-}
-
-func sourceRanges(ranges ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, s := range ranges {
-			sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(s))
-		}
-	}
-}
-
-func affinity(d time.Duration) portOpt { return func(sp *model.ServicePort) { sp.AffinityTimeout = d } }
-
-func etpLocal(sp *model.ServicePort) { sp.ExternalPolicyLocal = true }
-func itpLocal(sp *model.ServicePort) { sp.InternalPolicyLocal = true }
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}
-
-// portsOf indexes service ports by name.
-func portsOf(sps ...*model.ServicePort) map[model.ServicePortName]*model.ServicePort {
-	out := map[model.ServicePortName]*model.ServicePort{}
-	for _, sp := range sps {
-		out[sp.Name] = sp
-	}
-	return out
+	return ipv4
 }
 
 // dumpState renders a family's state the way the kernel would list it:

@@ -375,11 +375,7 @@ type tableContents struct {
 // rewrite the rest anyway).
 func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 	tc := &tableContents{records: map[vsKey]string{}}
-	conn, err := nft.Open(kn.netns)
-	if err != nil {
-		return nil, err
-	}
-	t, err := nft.FindTable(conn, f.Table, TableName)
+	conn, t, err := nft.OpenTable(kn.netns, f.Table, TableName)
 	if err != nil || t == nil {
 		return tc, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
@@ -79,7 +80,7 @@ func newLabBackend(t *testing.T, lab *netlab.Lab, opts ...Option) *Backend {
 
 // labService is a TCP service port at ip:80 with the pods as endpoints.
 func labService(name, ip string, pods ...*netlab.Pod) *model.ServicePort {
-	sp := svc("lab", name, "p", ip, 80)
+	sp := dt.Svc("lab", name, "p", ip, 80)
 	for _, p := range pods {
 		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true})
 	}
@@ -87,7 +88,7 @@ func labService(name, ip string, pods ...*netlab.Pod) *model.ServicePort {
 }
 
 func snapshotOf(sps ...*model.ServicePort) *model.Snapshot {
-	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: portsOf(sps...)}}
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sps...)}}
 }
 
 func mustSync(t *testing.T, b *Backend, req dataplane.SyncRequest) dataplane.Counts {
@@ -204,7 +205,7 @@ func TestVMSourceHashing(t *testing.T) {
 // service's node port goes.
 func foreignServices(t *testing.T, h *libipvs.Handle) {
 	t.Helper()
-	svc := func(proto uint16, addr string, port uint16, sched string) *libipvs.Service {
+	service := func(proto uint16, addr string, port uint16, sched string) *libipvs.Service {
 		return &libipvs.Service{AddressFamily: unix.AF_INET, Protocol: proto, Address: net.ParseIP(addr).To4(), Port: port,
 			SchedName: sched, Netmask: 0xffffffff}
 	}
@@ -212,10 +213,10 @@ func foreignServices(t *testing.T, h *libipvs.Handle) {
 		svc   *libipvs.Service
 		dests []string
 	}{
-		{svc(unix.IPPROTO_TCP, netlab.NodeIP.String(), 9999, "lc"), []string{"198.18.1.200"}},
-		{svc(unix.IPPROTO_UDP, "10.99.0.1", 53, "rr"), nil},
+		{service(unix.IPPROTO_TCP, netlab.NodeIP.String(), 9999, "lc"), []string{"198.18.1.200"}},
+		{service(unix.IPPROTO_UDP, "10.99.0.1", 53, "rr"), nil},
 		{&libipvs.Service{AddressFamily: unix.AF_INET, FWMark: 7, SchedName: "rr", Netmask: 0xffffffff}, []string{"198.18.1.201"}},
-		{svc(unix.IPPROTO_TCP, netlab.NodeIP.String(), 30090, "lc"), []string{"198.18.1.202"}},
+		{service(unix.IPPROTO_TCP, netlab.NodeIP.String(), 30090, "lc"), []string{"198.18.1.202"}},
 	} {
 		if err := h.NewService(s.svc); err != nil {
 			t.Fatalf("create foreign virtual service: %v", err)

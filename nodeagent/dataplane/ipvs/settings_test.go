@@ -10,6 +10,8 @@ import (
 	libipvs "github.com/moby/ipvs"
 
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 func TestTimeoutsToSet(t *testing.T) {
@@ -63,7 +65,7 @@ func TestExcludedNotDeletedIncrementally(t *testing.T) {
 // recording it, and deletes the one outside.
 func TestExcludedNotDeletedByFullSync(t *testing.T) {
 	st, _ := newState(excludeConfig(), baseModel(), nil)
-	kv := &kernelView{services: st.services(), addrs: addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
+	kv := &kernelView{services: st.services(), addrs: dt.Addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
 	stale := vsKey{addr: netip.MustParseAddr("10.96.7.7"), proto: 6, port: 443}
 	kept := vsKey{addr: netip.MustParseAddr("198.18.100.9"), proto: 6, port: 443}
 	kv.services[stale] = &virtualService{key: stale, scheduler: "rr"}

@@ -10,6 +10,8 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
+
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 // The helper table needs nf_tables only, which kernels without IPVS may
@@ -79,8 +81,8 @@ func TestHelperTableInKernel(t *testing.T) {
 			rc := testRenderConfig(f, testConfig)
 			base := baseModel()
 			if f == ipv6 {
-				base = portsOf(svc("default", "web", "http", "fd00:10:96::10", 80, nodePort(30080), lb("2001:db8:100::1"),
-					sourceRanges("2001:db8:200::/64"), ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::3", 8080, local)))
+				base = dt.PortsOf(dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080), dt.LB("2001:db8:100::1"),
+					dt.SourceRanges("2001:db8:200::/64"), dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)))
 			}
 			st, _ := newState(rc, base, nil)
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
@@ -116,7 +118,7 @@ func TestHelperTableInKernel(t *testing.T) {
 // buffer takes in one sendmsg.
 func TestHelperTableLarge(t *testing.T) {
 	_, b := tableNS(t)
-	st, _ := newState(testRenderConfig(ipv4, testConfig), benchModel(2000).Ports[ipv4.Model], nil)
+	st, _ := newState(testRenderConfig(ipv4, testConfig), dt.BenchModel(2000).Ports[ipv4.Model], nil)
 	commitTable(t, b, ipv4, st, fullPlan(st, &kernelView{}))
 	checkTable(t, b, ipv4, st)
 }

@@ -91,9 +91,6 @@ func (b *Backend) Mode() string { return "nftables" }
 // still ask for a full sync now and then, since drift that an incremental
 // sync does not trip over (a flushed chain) is only repaired by one.
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
-	if req.Model == nil {
-		return dataplane.Counts{}, errors.New("nftables: sync without a model")
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
@@ -104,7 +101,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {
-		c = add(c, st.counts)
+		c = c.Plus(st.counts)
 	}
 	return c, errors.Join(errs...)
 }
@@ -157,7 +154,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 			st.claims.release(ch.name, ch.old)
 			st.rs.hairpin.add(ch.old.hairpin, -1)
 			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
-			st.counts = sub(st.counts, ch.old.counts())
+			st.counts = st.counts.Minus(ch.old.counts())
 		}
 	}
 	for _, ch := range changes {
@@ -170,7 +167,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		st.rs.nextID = max(st.rs.nextID, ch.new.id+1)
 		st.rs.hairpin.add(ch.new.hairpin, 1)
 		st.rs.endpointMaps.addEndpointMap(ch.new, 1)
-		st.counts = add(st.counts, ch.new.counts())
+		st.counts = st.counts.Plus(ch.new.counts())
 	}
 	st.counts.Rules += len(st.rs.hairpin)
 	// A chain flushed by an earlier sync may be wanted again: it exists,
@@ -259,33 +256,10 @@ func (b *Backend) commit(f *family, ops []op) error {
 	return t.Commit()
 }
 
-// conn returns a google/nftables connection for reading.
-func (b *Backend) conn() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithNetNSFd(b.netns))
-}
-
-// table returns our table of family f as the kernel has it, nil if absent.
-func (b *Backend) table(conn *nftables.Conn, f *family) (*nftables.Table, error) {
-	tables, err := conn.ListTablesOfFamily(f.Table)
-	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s tables: %w", f.Name, err)
-	}
-	for _, t := range tables {
-		if t.Name == TableName {
-			return t, nil
-		}
-	}
-	return nil, nil
-}
-
 // list reads the definitions of the chains and named sets of the
 // family's table; nil if there is no table.
 func (b *Backend) list(f *family) (*kernelTable, error) {
-	conn, err := b.conn()
-	if err != nil {
-		return nil, err
-	}
-	t, err := b.table(conn, f)
+	conn, t, err := nft.OpenTable(b.netns, f.Table, TableName)
 	if err != nil || t == nil {
 		return nil, err
 	}
@@ -318,70 +292,70 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 // every rule plus every element of the maps and sets a sync writes (not
 // the affinity sets, which the packet path fills).
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	conn, err := nft.Open(b.netns)
+	if err != nil {
+		return dataplane.Counts{}, err
+	}
+	return dataplane.SumFamilies(ctx, families, func(f *family) (dataplane.Counts, error) { return b.programmed(conn, f) })
+}
+
+// programmed reads back what the kernel holds in family f's table.
+func (b *Backend) programmed(conn *nftables.Conn, f *family) (dataplane.Counts, error) {
 	var total dataplane.Counts
-	conn, err := b.conn()
+	t, err := nft.FindTable(conn, f.Table, TableName)
 	if err != nil {
 		return total, err
 	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		t, err := b.table(conn, f)
-		if err != nil {
-			return total, err
-		}
-		if t == nil {
+	if t == nil {
+		return total, nil
+	}
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return total, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
+	}
+	services := map[string]bool{}
+	// endpoints holds, per service port (its id), the distinct
+	// endpoints of its elements in the service-endpoints maps.
+	endpoints := map[string]map[string]bool{}
+	for _, s := range sets {
+		if s.Anonymous || s.HasTimeout {
 			continue
 		}
-		sets, err := conn.GetSets(t)
+		elems, err := conn.GetSetElements(s)
 		if err != nil {
-			return total, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
+			return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
 		}
-		services := map[string]bool{}
-		// endpoints holds, per service port (its id), the distinct
-		// endpoints of its elements in the service-endpoints maps.
-		endpoints := map[string]map[string]bool{}
-		for _, s := range sets {
-			if s.Anonymous || s.HasTimeout {
+		isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
+		for _, e := range elems {
+			if e.IntervalEnd {
 				continue
 			}
-			elems, err := conn.GetSetElements(s)
-			if err != nil {
-				return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
+			total.Rules++
+			if sharedMaps[s.Name] && e.Comment != "" {
+				services[e.Comment] = true
 			}
-			isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
-			for _, e := range elems {
-				if e.IntervalEnd {
-					continue
+			if isEndpoints && len(e.Key) == 8 {
+				// The key's first half is id<<1|choice.
+				port := string(e.Key[:3]) + string(e.Key[3]&^1)
+				if endpoints[port] == nil {
+					endpoints[port] = map[string]bool{}
 				}
-				total.Rules++
-				if sharedMaps[s.Name] && e.Comment != "" {
-					services[e.Comment] = true
-				}
-				if isEndpoints && len(e.Key) == 8 {
-					// The key's first half is id<<1|choice.
-					port := string(e.Key[:3]) + string(e.Key[3]&^1)
-					if endpoints[port] == nil {
-						endpoints[port] = map[string]bool{}
-					}
-					endpoints[port][string(e.Val)] = true
-				}
+				endpoints[port][string(e.Val)] = true
 			}
 		}
-		total.Services += len(services)
-		for _, eps := range endpoints {
-			total.Endpoints += len(eps)
-		}
-		counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
-		if err != nil {
-			return total, err
-		}
-		for chain, n := range counts {
-			total.Rules += n
-			if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
-				total.Endpoints++
-			}
+	}
+	total.Services += len(services)
+	for _, eps := range endpoints {
+		total.Endpoints += len(eps)
+	}
+	counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
+	if err != nil {
+		return total, err
+	}
+	for chain, n := range counts {
+		total.Rules += n
+		if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
+			total.Endpoints++
 		}
 	}
 	return total, nil
@@ -390,21 +364,8 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 // Present says whether the proxyshift table exists in either family:
 // whether this node has (or had, if it was never cleaned up) nftables
 // mode programmed, as an agent starting up needs to know.
-func (b *Backend) Present(ctx context.Context) (bool, error) {
-	conn, err := b.conn()
-	if err != nil {
-		return false, err
-	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		t, err := b.table(conn, f)
-		if err != nil || t != nil {
-			return t != nil, err
-		}
-	}
-	return false, nil
+func (b *Backend) Present(context.Context) (bool, error) {
+	return nft.TableExists(b.netns, TableName)
 }
 
 // Cleanup deletes the proxyshift table of both families, with everything
@@ -415,26 +376,18 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*familyState{}
 	b.stale = map[*family]map[string]bool{}
-	conn, err := b.conn()
-	if err != nil {
-		return nil, err
-	}
 	var removed []string
 	for _, f := range families {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		t, err := b.table(conn, f)
+		line, err := nft.DeleteTable(b.netns, f, TableName)
 		if err != nil {
-			return removed, err
+			return removed, fmt.Errorf("nftables: %w", err)
 		}
-		if t == nil {
-			continue
+		if line != "" {
+			removed = append(removed, line)
 		}
-		if err := b.commit(f, []op{{kind: opDelTable}}); err != nil {
-			return removed, fmt.Errorf("nftables: delete table %s %s: %w", f.Name, TableName, err)
-		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.Name, TableName))
 	}
 	return removed, nil
 }
@@ -456,7 +409,7 @@ func (rs *ruleset) counts() dataplane.Counts {
 	}
 	c.Rules += len(rs.hairpin)
 	for _, objs := range rs.ports {
-		c = add(c, objs.counts())
+		c = c.Plus(objs.counts())
 	}
 	return c
 }
@@ -481,14 +434,6 @@ func (objs *portObjects) counts() dataplane.Counts {
 		c.Rules += len(s.elems)
 	}
 	return c
-}
-
-func add(a, b dataplane.Counts) dataplane.Counts {
-	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
-}
-
-func sub(a, b dataplane.Counts) dataplane.Counts {
-	return dataplane.Counts{Services: a.Services - b.Services, Endpoints: a.Endpoints - b.Endpoints, Rules: a.Rules - b.Rules}
 }
 
 // familyKey is the model family a table family programs.

@@ -4,33 +4,23 @@ import (
 	"context"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
-	"github.com/proxyshift/proxyshift/nodeagent/model"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 // The benchmarks program a real kernel, in a network namespace of their
 // own, with n ClusterIP services of 10 endpoints each (as root only).
-
-func benchModel(n int) *model.Snapshot {
-	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
-		corev1.IPv4Protocol: manyPorts(n, 10),
-		corev1.IPv6Protocol: {},
-	}}
-}
 
 // benchmarkFullSync measures a full resync of a table already holding
 // the model: every chain and map flushed and written again.
 func benchmarkFullSync(b *testing.B, n int) {
 	ns, _ := kernelNS(b)
 	be := newBackend(b, ns)
-	m := benchModel(n)
+	m := dt.BenchModel(n)
 	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		b.Fatal(err)
 	}
-	dataplanetest.FullSyncs(b, be, m)
+	dt.FullSyncs(b, be, m)
 }
 
 // benchmarkOneEndpointChange measures an incremental sync after one
@@ -38,11 +28,11 @@ func benchmarkFullSync(b *testing.B, n int) {
 func benchmarkOneEndpointChange(b *testing.B, n int) {
 	ns, _ := kernelNS(b)
 	be := newBackend(b, ns)
-	m := benchModel(n)
+	m := dt.BenchModel(n)
 	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		b.Fatal(err)
 	}
-	dataplanetest.EndpointChanges(b, be, m)
+	dt.EndpointChanges(b, be, m)
 }
 
 func BenchmarkFullSync1k(b *testing.B)           { benchmarkFullSync(b, 1000) }

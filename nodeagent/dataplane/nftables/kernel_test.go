@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -64,18 +65,18 @@ func newBackend(t testing.TB, ns *netlab.NetNS) *Backend {
 
 // testModel is a mix of every kind of service, in both families.
 func testModel() *model.Snapshot {
-	v4 := portsOf(
-		svc("default", "web", "http", "10.96.0.10", 80, ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.4", 8080)),
-		svc("default", "np", "http", "10.96.0.11", 80, nodePort(30080), ep("10.244.1.5", 8080, local)),
-		svc("shop", "front", "https", "10.96.0.20", 443, nodePort(30443), lb("198.18.100.1"),
-			sourceRanges("203.0.113.0/24", "192.168.1.0/24"), ep("10.244.1.6", 8443)),
-		svc("default", "session", "http", "10.96.0.30", 80, affinity(time.Hour), ep("10.244.1.7", 8080), ep("10.244.2.7", 8080)),
-		svc("default", "empty", "http", "10.96.0.40", 80, nodePort(30040), externalIPs("198.18.50.6")),
-		svc("default", "ingress", "http", "10.96.0.80", 80, nodePort(30081), lb("198.18.100.2"), etpLocal, ep("10.244.2.8", 8080)),
-		svc("default", "dns", "dns", "10.96.0.53", 53, udp, externalIPs("198.18.50.5"), ep("10.244.1.9", 53)),
+	v4 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)),
+		dt.Svc("default", "np", "http", "10.96.0.11", 80, dt.NodePort(30080), dt.EP("10.244.1.5", 8080, dt.Local)),
+		dt.Svc("shop", "front", "https", "10.96.0.20", 443, dt.NodePort(30443), dt.LB("198.18.100.1"),
+			dt.SourceRanges("203.0.113.0/24", "192.168.1.0/24"), dt.EP("10.244.1.6", 8443)),
+		dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour), dt.EP("10.244.1.7", 8080), dt.EP("10.244.2.7", 8080)),
+		dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6")),
+		dt.Svc("default", "ingress", "http", "10.96.0.80", 80, dt.NodePort(30081), dt.LB("198.18.100.2"), dt.ETPLocal, dt.EP("10.244.2.8", 8080)),
+		dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.9", 53)),
 	)
-	v6 := portsOf(
-		svc("default", "web", "http", "fd00:10:96::10", 80, nodePort(30080), ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::3", 8080, local)),
+	v6 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080), dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)),
 	)
 	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
 		corev1.IPv4Protocol: v4, corev1.IPv6Protocol: v6,
@@ -398,10 +399,10 @@ func TestKernelIncrementalSync(t *testing.T) {
 
 	// web's third endpoint moves; session goes away; empty gets an
 	// endpoint; a new service appears.
-	v4[web] = svc("default", "web", "http", "10.96.0.10", 80, ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.99", 8080))
+	v4[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080))
 	delete(v4, session)
-	v4[empty] = svc("default", "empty", "http", "10.96.0.40", 80, nodePort(30040), externalIPs("198.18.50.6"), ep("10.244.4.4", 80))
-	added := svc("default", "new", "grpc", "10.96.0.90", 9090, ep("10.244.4.5", 9090))
+	v4[empty] = dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6"), dt.EP("10.244.4.4", 80))
+	added := dt.Svc("default", "new", "grpc", "10.96.0.90", 9090, dt.EP("10.244.4.5", 9090))
 	v4[added.Name] = added
 	c := mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}, session: {}, empty: {}, added.Name: {}}})
 	assertProgrammed(t, ns, conn, m, b)
@@ -476,7 +477,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
-	m.Ports[corev1.IPv4Protocol][name] = svc("default", "web", "http", "10.96.0.10", 80, ep("10.244.1.2", 8080))
+	m.Ports[corev1.IPv4Protocol][name] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080))
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}})
 	assertProgrammed(t, ns, conn, m, b)
 }
@@ -626,13 +627,13 @@ func TestKernelEndpointChangeAddsNoRule(t *testing.T) {
 
 	v4 := m.Ports[corev1.IPv4Protocol]
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
-	for _, eps := range [][]func(*model.ServicePort){
-		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.99", 8080)},
-		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.99", 8080), ep("10.244.4.1", 8080, local)},
-		{ep("10.244.4.1", 9090, terminating(true))},
-		{ep("10.244.1.2", 8080), ep("10.244.2.3", 8080), ep("10.244.3.4", 8080)},
+	for _, eps := range [][]dt.PortOpt{
+		{dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080)},
+		{dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080), dt.EP("10.244.4.1", 8080, dt.Local)},
+		{dt.EP("10.244.4.1", 9090, dt.Terminating)},
+		{dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)},
 	} {
-		v4[web] = svc("default", "web", "http", "10.96.0.10", 80, eps...)
+		v4[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, eps...)
 		mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}})
 		assertProgrammed(t, ns, conn, m, b)
 		if after := ruleHandles(t, conn, ipv4); !slices.Equal(after, before) {
@@ -656,9 +657,9 @@ func TestKernelHairpin(t *testing.T) {
 		t.Fatal(err)
 	}
 	serviceIP := netip.MustParseAddr("198.19.0.10")
-	sp := svc("default", "self", "http", serviceIP.String(), 80)
+	sp := dt.Svc("default", "self", "http", serviceIP.String(), 80)
 	sp.Endpoints = []model.Endpoint{{IP: pod.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true}}
-	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: portsOf(sp)}}
+	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
 	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -692,7 +693,7 @@ func TestKernelHairpin(t *testing.T) {
 func TestKernelEndpointMapsComeAndGo(t *testing.T) {
 	ns, conn := kernelNS(t)
 	b := newBackend(t, ns)
-	v4 := manyPorts(20, 2) // ids 1-20: maps 0 and 1
+	v4 := dt.ManyPorts(20, 2) // ids 1-20: maps 0 and 1
 	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: v4, corev1.IPv6Protocol: {}}}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
 	assertProgrammed(t, ns, conn, m, b)
@@ -726,7 +727,7 @@ func TestKernelEndpointMapsComeAndGo(t *testing.T) {
 	// 20 new ports get ids 21-40: maps 1 and 2 appear.
 	changed = model.ChangeSet{}
 	for i := range 20 {
-		sp := svc("new", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.97.0.%d", i), 80, ep(fmt.Sprintf("10.244.9.%d", i), 80))
+		sp := dt.Svc("new", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.97.0.%d", i), 80, dt.EP(fmt.Sprintf("10.244.9.%d", i), 80))
 		v4[sp.Name] = sp
 		changed[sp.Name] = struct{}{}
 	}
@@ -771,20 +772,19 @@ func TestKernelAffinityToggles(t *testing.T) {
 // that the kernel holds what the golden file says: the golden files are
 // checked against the kernel, not only against the code that wrote them.
 func TestKernelHoldsTheGoldenTables(t *testing.T) {
-	for _, tc := range goldenCases() {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, sc := range dt.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
 			ns, _ := kernelNS(t)
-			b, err := New(tc.cfg, WithNetNSFd(ns.FD()))
+			b, err := New(sc.Config, WithNetNSFd(ns.FD()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{tc.f.Model: portsOf(tc.ports...)}}
-			mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-			golden, err := os.ReadFile(filepath.Join("testdata", tc.name+".golden"))
+			mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+			golden, err := os.ReadFile(filepath.Join("testdata", sc.Name+".golden"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			nfttest.Equal(t, tc.name, nfttest.List(t, nsexec.NS(ns.FD()), tc.f.Name, TableName), string(golden))
+			nfttest.Equal(t, sc.Name, nfttest.List(t, nsexec.NS(ns.FD()), familyOf(sc.Family).Name, TableName), string(golden))
 		})
 	}
 }

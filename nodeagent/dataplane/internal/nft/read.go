@@ -35,6 +35,17 @@ func FindTable(conn *nftables.Conn, fam nftables.TableFamily, name string) (*nft
 	return nil, nil
 }
 
+// OpenTable opens a connection for reading network namespace netns and
+// finds table name of family fam there: a nil table when there is none.
+func OpenTable(netns int, fam nftables.TableFamily, name string) (*nftables.Conn, *nftables.Table, error) {
+	conn, err := Open(netns)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := FindTable(conn, fam, name)
+	return conn, t, err
+}
+
 // ChainInfo is a chain as a dump lists it.
 type ChainInfo struct {
 	Name string
@@ -135,4 +146,35 @@ func dump(netns int, fam nftables.TableFamily, msgType, tableAttr uint16, table 
 		}
 	}
 	return nil
+}
+
+// DeleteTable deletes table name of family f in network namespace netns,
+// with everything in it, in one transaction. It returns the line that
+// says what it removed, "" when there was no such table.
+func DeleteTable(netns int, f *Family, name string) (string, error) {
+	_, t, err := OpenTable(netns, f.Table, name)
+	if err != nil || t == nil {
+		return "", err
+	}
+	txn := NewTxn(netns)
+	txn.Conn().DelTable(t)
+	if err := txn.Commit(); err != nil {
+		return "", fmt.Errorf("nft: delete table %s %s: %w", f.Name, name, err)
+	}
+	return fmt.Sprintf("nftables table %s %s", f.Name, name), nil
+}
+
+// TableExists says whether table name exists in either family (ip, ip6)
+// in network namespace netns.
+func TableExists(netns int, name string) (bool, error) {
+	conn, err := Open(netns)
+	if err != nil {
+		return false, err
+	}
+	for _, f := range Families {
+		if t, err := FindTable(conn, f.Table, name); err != nil || t != nil {
+			return t != nil, err
+		}
+	}
+	return false, nil
 }
