@@ -90,13 +90,9 @@ func main() {
 			klog.ErrorS(err, "Cannot open the network namespace", "netns", *netnsName)
 			os.Exit(1)
 		}
-		opts.NetNS = h
+		opts.NetNS = nsexec.NS(h)
 	}
-	env := backends.Env{NS: nsexec.Current, Kernel: &opts.Kernel}
-	if opts.NetNS > 0 {
-		env.NS = nsexec.NS(int(opts.NetNS))
-	}
-	opts.Backends = backends.Factories(env)
+	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, Kernel: &opts.Kernel})
 	if *doCleanup {
 		os.Exit(runCleanup(opts))
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -71,11 +70,10 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
-	// NetNS, if a namespace handle (> 0), is the network namespace of the
-	// node: its addresses are the node's, and facts, probes, conntrack and
-	// cleanup work there (the backends get their own namespace option from
-	// Backends). Zero or -1 means the agent's own namespace.
-	NetNS netns.NsHandle
+	// NetNS is the network namespace of the node: its addresses are the
+	// node's, and facts, probes, conntrack and cleanup work there (the
+	// backends get it from Backends). The zero value is the agent's own.
+	NetNS nsexec.NS
 
 	// RESTConfig, when set, makes the agent follow its ProxyNode (named
 	// NodeName): spec.desiredMode and spec.settings, and write its status.
@@ -110,10 +108,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if !slices.Contains(opts.modes(), opts.Mode) && opts.Mode != "" {
 		return fmt.Errorf("mode %q is not supported by this agent (supported: %v)", opts.Mode, opts.modes())
 	}
-	ns := nsexec.Current
-	if opts.NetNS > 0 {
-		ns = nsexec.NS(int(opts.NetNS))
-	}
+	ns := opts.NetNS
 
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -361,13 +356,12 @@ func unwrapDeleted(o any) any {
 	return o
 }
 
-// localAddrs lists the addresses of the node's namespace (the current one
-// when ns is not a handle, see Options.NetNS).
-func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
+// localAddrs lists the addresses of the node's namespace.
+func localAddrs(ns nsexec.NS) ([]netip.Addr, error) {
 	h := &netlink.Handle{}
-	if ns > 0 {
+	if nh, ok := ns.Handle(); ok {
 		var err error
-		if h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE); err != nil {
+		if h, err = netlink.NewHandleAt(nh, unix.NETLINK_ROUTE); err != nil {
 			return nil, err
 		}
 		defer h.Close()

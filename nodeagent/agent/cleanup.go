@@ -7,7 +7,6 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // CleanupReport is what Cleanup did.
@@ -27,10 +26,6 @@ type CleanupReport struct {
 // name everywhere they can be.
 func Cleanup(ctx context.Context, opts Options) CleanupReport {
 	var rep CleanupReport
-	ns := nsexec.Current
-	if opts.NetNS > 0 {
-		ns = nsexec.NS(int(opts.NetNS))
-	}
 	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPVS, v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
 		f, ok := opts.Backends[m]
 		if !ok {
@@ -49,7 +44,7 @@ func Cleanup(ctx context.Context, opts Options) CleanupReport {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %v", m, err))
 		}
 	}
-	lines, err := (&cleanup.Sweeper{NS: ns}).Remove(ctx, cleanup.Proxyshift)
+	lines, err := (&cleanup.Sweeper{NS: opts.NetNS}).Remove(ctx, cleanup.Proxyshift)
 	rep.Removed = append(rep.Removed, lines...)
 	if err != nil {
 		rep.Incomplete = true

@@ -25,7 +25,7 @@ type Factory func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (da
 
 // Env is where the backends work.
 type Env struct {
-	// NS is the node's network namespace (nsexec.Current: the agent's).
+	// NS is the node's network namespace (the zero value: the agent's).
 	NS nsexec.NS
 	// Kernel loads the kernel modules the ipvs mode needs; nil loads none
 	// (they must be loaded already).
@@ -34,23 +34,19 @@ type Env struct {
 
 // Factories returns a factory for every mode of contract.Modes.
 func Factories(env Env) map[v1alpha1.ProxyMode]Factory {
-	fd := 0
-	if !env.NS.IsCurrent() {
-		fd = int(env.NS)
-	}
 	return map[v1alpha1.ProxyMode]Factory{
 		v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig, _ v1alpha1.ProxySettings) (dataplane.Backend, error) {
-			return nftables.New(cfg, nftables.WithNetNSFd(fd))
+			return nftables.New(cfg, nftables.WithNetNS(env.NS))
 		},
 		v1alpha1.ModeIPTables: func(cfg dataplane.NodeConfig, _ v1alpha1.ProxySettings) (dataplane.Backend, error) {
-			return iptables.New(cfg, iptables.WithNetNSFd(fd))
+			return iptables.New(cfg, iptables.WithNetNS(env.NS))
 		},
 		v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
 			opts, err := IPVSOptions(s.IPVS, env.Kernel)
 			if err != nil {
 				return nil, err
 			}
-			return ipvs.New(cfg, append(opts, ipvs.WithNetNSFd(fd))...)
+			return ipvs.New(cfg, append(opts, ipvs.WithNetNS(env.NS))...)
 		},
 	}
 }

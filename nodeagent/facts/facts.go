@@ -104,7 +104,7 @@ func (g *Gatherer) iptables(ctx context.Context) []v1alpha1.IPTablesBackend {
 	if g.IPTables != nil {
 		return g.IPTables(ctx)
 	}
-	return IPTablesBackends(iptables.KernelFacts(ctx, iptables.WithNetNSFd(int(g.NS))))
+	return IPTablesBackends(iptables.KernelFacts(ctx, iptables.WithNetNS(g.NS)))
 }
 
 // IPTablesBackends describes what the iptables dataplane found of its
@@ -149,11 +149,7 @@ func Release() string {
 // no such protocol or subsystem, Unknown for any other error (permission
 // denied, for one), with the reason.
 func (g *Gatherer) NFTables() (v1alpha1.Capability, string) {
-	var opts []nftables.ConnOption
-	if !g.NS.IsCurrent() {
-		opts = append(opts, nftables.WithNetNSFd(int(g.NS)))
-	}
-	c, err := nftables.New(opts...)
+	c, err := nftables.New(nftables.WithNetNSFd(g.NS.FD()))
 	if err == nil {
 		_, err = c.ListTablesOfFamily(nftables.TableFamilyIPv4)
 	}

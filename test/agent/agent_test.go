@@ -22,7 +22,6 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/testenv"
 )
@@ -93,7 +92,7 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 			NodeName: nodeName,
 			Mode:     v1alpha1.ModeNFTables,
 			Backends: map[v1alpha1.ProxyMode]backends.Factory{
-				v1alpha1.ModeNFTables: backends.Factories(backends.Env{NS: nsexec.NS(lab.Node.NS.FD())})[v1alpha1.ModeNFTables],
+				v1alpha1.ModeNFTables: backends.Factories(backends.Env{NS: lab.Node.NS.NS()})[v1alpha1.ModeNFTables],
 			},
 			ClusterCIDRs:  []netip.Prefix{lab.Node.PodCIDR},
 			MasqueradeBit: 14,
@@ -101,7 +100,7 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 			SyncPeriod:    time.Minute,
 			MetricsAddr:   metrics,
 			HealthzAddr:   healthz,
-			NetNS:         lab.Node.NS.Handle,
+			NetNS:         lab.Node.NS.NS(),
 		})
 	}()
 	t.Cleanup(func() {

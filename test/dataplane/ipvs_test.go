@@ -41,7 +41,7 @@ func newIPVS(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) datapla
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ipvs.New(cfg, append(opts, ipvs.WithNetNSFd(node.FD()))...)
+	b, err := ipvs.New(cfg, append(opts, ipvs.WithNetNS(node.NS()))...)
 	if err != nil {
 		t.Fatalf("ipvs.New: %v", err)
 	}

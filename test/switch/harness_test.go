@@ -402,7 +402,7 @@ func (w *world) startClientLoop() *netlab.ClientLoop {
 // in the node namespace, each headed by the command.
 func (w *world) iptablesSave() string {
 	w.t.Helper()
-	ns := nsexec.NS(w.lab.Node.NS.FD())
+	ns := w.lab.Node.NS.NS()
 	var b strings.Builder
 	for _, bin := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {
 		out, err := ns.Output(context.Background(), nil, bin)

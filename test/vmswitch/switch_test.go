@@ -187,7 +187,7 @@ type node struct {
 // sync loop's first sync) and runs the switcher until the test ends.
 func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha1.ProxyMode) *node {
 	t.Helper()
-	ns := nsexec.NS(lab.Node.NS.FD())
+	ns := lab.Node.NS.NS()
 	n := &node{t: t, lab: lab, fanout: switcher.NewFanout(), rep: &phases{}}
 	n.sw = switcher.New(switcher.Config{
 		Fanout:  n.fanout,
@@ -222,7 +222,7 @@ func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha
 // newBackend builds mode's backend for the lab node with the agent's
 // factories.
 func newBackend(lab *netlab.Lab, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
-	f, ok := backends.Factories(backends.Env{NS: nsexec.NS(lab.Node.NS.FD()), Kernel: &kmod.Kernel{}})[mode]
+	f, ok := backends.Factories(backends.Env{NS: lab.Node.NS.NS(), Kernel: &kmod.Kernel{}})[mode]
 	if !ok {
 		return nil, "", fmt.Errorf("mode %s is not in this test", mode)
 	}

@@ -150,7 +150,7 @@ func choose(legacy, nft *probe) (Variant, error) {
 }
 
 // Detect returns the iptables variant the host (or the network namespace
-// WithNetNSFd names) uses. It only reads: iptables-save of both variants
+// WithNetNS names) uses. It only reads: iptables-save of both variants
 // and both families.
 func Detect(ctx context.Context, opts ...Option) (Variant, error) {
 	return detect(ctx, newOptions(opts).netns)

@@ -13,7 +13,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -34,7 +33,7 @@ func kernelNS(t testing.TB, v Variant) *netlab.NetNS {
 
 func newKernelBackend(t testing.TB, ns *netlab.NetNS, v Variant) *Backend {
 	t.Helper()
-	b, err := New(nodeWithIPs, WithVariant(v), WithNetNSFd(ns.FD()))
+	b, err := New(nodeWithIPs, WithVariant(v), WithNetNS(ns.NS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +59,7 @@ func ipt(t testing.TB, ns *netlab.NetNS, v Variant, ip6 bool, tool string, stdin
 	if stdin != "" {
 		in = []byte(stdin)
 	}
-	out, err := nsexec.NS(ns.FD()).Output(context.Background(), in, path, args...)
+	out, err := ns.NS().Output(context.Background(), in, path, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,24 +417,24 @@ func TestKernelDetect(t *testing.T) {
 		t.Skipf("needs %s", missing)
 	}
 	ctx := context.Background()
-	if v, err := Detect(ctx, WithNetNSFd(ns.FD())); err != nil || v != NFT {
+	if v, err := Detect(ctx, WithNetNS(ns.NS())); err != nil || v != NFT {
 		t.Errorf("empty namespace: Detect = %q, %v; want nft", v, err)
 	}
 	want := []VariantFacts{{Variant: Legacy, Installed: true}, {Variant: NFT, Installed: true}}
-	if got := KernelFacts(ctx, WithNetNSFd(ns.FD())); !slices.Equal(got, want) {
+	if got := KernelFacts(ctx, WithNetNS(ns.NS())); !slices.Equal(got, want) {
 		t.Errorf("empty namespace: KernelFacts = %+v, want %+v", got, want)
 	}
 
 	ipt(t, ns, Legacy, false, "", "", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
-	if v, err := Detect(ctx, WithNetNSFd(ns.FD())); err != nil || v != Legacy {
+	if v, err := Detect(ctx, WithNetNS(ns.NS())); err != nil || v != Legacy {
 		t.Errorf("kubelet's hint in legacy: Detect = %q, %v; want legacy", v, err)
 	}
 	want[0].HoldsRules = true
-	if got := KernelFacts(ctx, WithNetNSFd(ns.FD())); !slices.Equal(got, want) {
+	if got := KernelFacts(ctx, WithNetNS(ns.NS())); !slices.Equal(got, want) {
 		t.Errorf("kubelet's hint in legacy: KernelFacts = %+v, want %+v", got, want)
 	}
 	// New detects, and programs the detected variant only.
-	b, err := New(node, WithNetNSFd(ns.FD()))
+	b, err := New(node, WithNetNS(ns.NS()))
 	if err != nil || b.Variant() != Legacy {
 		t.Fatalf("New detected %v, %v; want legacy", b, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Reading the tables back.
@@ -45,7 +46,7 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 	}
 	cur := savedTables{}
 	for _, table := range tables {
-		t, err := nftTable(r.netnsFD(), f, table, counts)
+		t, err := nftTable(r.netns, f, table, counts)
 		if err != nil {
 			return nil, fmt.Errorf("iptables: read %s table %s over netlink: %w", r.tool(f), table, err)
 		}
@@ -76,10 +77,9 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
 // nftTable reads the chains of nf_tables table name in family f, and if
-// counts how many rules each has, in network namespace netns (0: the
-// caller's). It returns nil if there is no such table. Rule texts are
-// left to the caller.
-func nftTable(netns int, f *family, name string, counts bool) (*savedTable, error) {
+// counts how many rules each has, in network namespace netns. It returns
+// nil if there is no such table. Rule texts are left to the caller.
+func nftTable(netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
 	fam := nftables.TableFamilyIPv4
 	if f == ipv6 {
 		fam = nftables.TableFamilyIPv6

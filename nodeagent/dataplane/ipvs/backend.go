@@ -15,6 +15,7 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Backend is the IPVS dataplane. It is safe for concurrent use: syncs
@@ -25,7 +26,7 @@ type Backend struct {
 	strictARP bool
 	timeouts  Timeouts
 	exclude   []netip.Prefix
-	netns     int
+	netns     nsexec.NS
 	loader    ModuleLoader
 	modules   []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
@@ -42,12 +43,12 @@ var _ dataplane.Backend = (*Backend)(nil)
 // Option configures a Backend.
 type Option func(*Backend)
 
-// WithNetNSFd makes the backend program the network namespace the file
-// descriptor fd refers to instead of the caller's: its netlink sockets
-// are opened there, and only the short-lived threads that read and write
-// sysctls enter it. The caller keeps fd open while the backend is used.
-func WithNetNSFd(fd int) Option {
-	return func(b *Backend) { b.netns = fd }
+// WithNetNS makes the backend program network namespace ns instead of
+// the caller's: its netlink sockets are opened there, and only the
+// short-lived threads that read and write sysctls enter it. The caller
+// keeps ns open while the backend is used.
+func WithNetNS(ns nsexec.NS) Option {
+	return func(b *Backend) { b.netns = ns }
 }
 
 // WithScheduler sets the IPVS scheduler of every virtual service, by its

@@ -22,7 +22,7 @@ func benchBackend(b *testing.B, m *model.Snapshot) *Backend {
 	b.Helper()
 	loadVMModules(b)
 	ns := netlab.NewNetNS(b, "ipvs-bench")
-	be, err := New(labConfig, WithNetNSFd(ns.FD()))
+	be, err := New(labConfig, WithNetNS(ns.NS()))
 	if err != nil {
 		b.Fatal(err)
 	}

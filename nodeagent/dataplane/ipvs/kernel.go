@@ -10,10 +10,10 @@ import (
 	"github.com/google/nftables"
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // The kernel side: IPVS over generic netlink (moby/ipvs), the dummy
@@ -26,7 +26,7 @@ import (
 // done, so that a Backend holds no file descriptors between calls and
 // needs no closing.
 type kernel struct {
-	netns int
+	netns nsexec.NS
 	ipvs  ipvsHandle
 	nl    *netlink.Handle
 }
@@ -40,8 +40,8 @@ func (b *Backend) open() (*kernel, error) {
 	// Routing netlink only: the default handle also opens XFRM, which
 	// nodes without IPsec modules lack.
 	var nl *netlink.Handle
-	if b.netns != 0 {
-		nl, err = netlink.NewHandleAt(netns.NsHandle(b.netns), unix.NETLINK_ROUTE)
+	if ns, ok := b.netns.Handle(); ok {
+		nl, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	} else {
 		nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
@@ -54,11 +54,7 @@ func (b *Backend) open() (*kernel, error) {
 
 // openLibIPVS opens moby/ipvs in the backend's namespace.
 func (b *Backend) openLibIPVS() (ipvsHandle, error) {
-	path := ""
-	if b.netns != 0 {
-		path = fmt.Sprintf("/proc/self/fd/%d", b.netns)
-	}
-	h, err := libipvs.New(path)
+	h, err := libipvs.New(b.netns.Path())
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: open IPVS: %w", err)
 	}

@@ -71,7 +71,7 @@ func newLab(t *testing.T, n int) (*netlab.Lab, []*netlab.Pod) {
 
 func newLabBackend(t *testing.T, lab *netlab.Lab, opts ...Option) *Backend {
 	t.Helper()
-	b, err := New(labConfig, append([]Option{WithNetNSFd(lab.Node.NS.FD())}, opts...)...)
+	b, err := New(labConfig, append([]Option{WithNetNS(lab.Node.NS.NS())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

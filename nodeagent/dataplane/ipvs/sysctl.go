@@ -9,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Setting is one kernel setting of the node's network namespace that the
@@ -133,9 +132,5 @@ func kernelSettings(settings []Setting) []dataplane.KernelSetting {
 // them. The thread is thrown away afterwards if it cannot return to its
 // own namespace.
 func (b *Backend) inNetNS(fn func() error) error {
-	ns := nsexec.Current
-	if b.netns > 0 {
-		ns = nsexec.NS(b.netns)
-	}
-	return ns.Do(fn)
+	return b.netns.Do(fn)
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
@@ -31,7 +30,7 @@ func tableNS(t *testing.T) (*netlab.NetNS, *kernel) {
 	if err != nil {
 		t.Skipf("needs nf_tables in the kernel (listing tables failed: %v)", err)
 	}
-	return ns, &kernel{netns: ns.FD()}
+	return ns, &kernel{netns: ns.NS()}
 }
 
 // commitTable writes a plan's helper-table part: the replacement of the
@@ -88,7 +87,7 @@ func TestHelperTableInKernel(t *testing.T) {
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
 			checkTable(t, b, f, st)
 			// nft lists the chains the golden dump (table.golden) shows.
-			nfttest.EqualChains(t, f.Name, nfttest.List(t, nsexec.NS(ns.FD()), f.Name, TableName), dumpTable(f, st.chains))
+			nfttest.EqualChains(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), dumpTable(f, st.chains))
 
 			// A second full sync replaces the table in place.
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))

@@ -15,13 +15,14 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Backend is the nftables dataplane. It is safe for concurrent use: syncs
 // and cleanups are serialized, Programmed and Present only read.
 type Backend struct {
 	cfg   dataplane.NodeConfig
-	netns int
+	netns nsexec.NS
 	// policy is the node's policy for each family.
 	policy map[*family]*dataplane.NodePolicy
 
@@ -47,11 +48,11 @@ var _ dataplane.Backend = (*Backend)(nil)
 // Option configures a Backend.
 type Option func(*Backend)
 
-// WithNetNSFd makes the backend program the network namespace the file
-// descriptor fd refers to instead of the caller's, without switching any
-// thread's namespace. The caller keeps fd open while the backend is used.
-func WithNetNSFd(fd int) Option {
-	return func(b *Backend) { b.netns = fd }
+// WithNetNS makes the backend program network namespace ns instead of
+// the caller's, without switching any thread's namespace. The caller
+// keeps ns open while the backend is used.
+func WithNetNS(ns nsexec.NS) Option {
+	return func(b *Backend) { b.netns = ns }
 }
 
 // New returns a backend for the node cfg describes. It does not touch the

@@ -26,7 +26,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -56,7 +55,7 @@ func kernelNS(t testing.TB) (*netlab.NetNS, *nftables.Conn) {
 
 func newBackend(t testing.TB, ns *netlab.NetNS) *Backend {
 	t.Helper()
-	b, err := New(kernelConfig, WithNetNSFd(ns.FD()))
+	b, err := New(kernelConfig, WithNetNS(ns.NS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -652,7 +651,7 @@ func TestKernelHairpin(t *testing.T) {
 	pod := lab.Node.AddPod(t, "pod-a")
 	cfg := dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
 		ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14}
-	b, err := New(cfg, WithNetNSFd(lab.Node.NS.FD()))
+	b, err := New(cfg, WithNetNS(lab.Node.NS.NS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -775,7 +774,7 @@ func TestKernelHoldsTheGoldenTables(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
 			ns, _ := kernelNS(t)
-			b, err := New(sc.Config, WithNetNSFd(ns.FD()))
+			b, err := New(sc.Config, WithNetNS(ns.NS()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -784,7 +783,7 @@ func TestKernelHoldsTheGoldenTables(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			nfttest.Equal(t, sc.Name, nfttest.List(t, nsexec.NS(ns.FD()), familyOf(sc.Family).Name, TableName), string(golden))
+			nfttest.Equal(t, sc.Name, nfttest.List(t, ns.NS(), familyOf(sc.Family).Name, TableName), string(golden))
 		})
 	}
 }
@@ -799,7 +798,7 @@ func TestKernelHoldsTheDump(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for _, f := range families {
-			nfttest.Equal(t, when+", "+f.Name, nfttest.List(t, nsexec.NS(ns.FD()), f.Name, TableName), b.state[f].rs.String())
+			nfttest.Equal(t, when+", "+f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
 		}
 	}
 	check("full sync")

@@ -7,6 +7,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Reading a table back. google/nftables lists the rules of one chain at a
@@ -15,9 +17,9 @@ import (
 // chains, or all the rules, of one table in one request.
 
 // Open returns a google/nftables connection for reading the network
-// namespace netns (0: the caller's).
-func Open(netns int) (*nftables.Conn, error) {
-	return nftables.New(nftables.WithNetNSFd(netns))
+// namespace netns.
+func Open(netns nsexec.NS) (*nftables.Conn, error) {
+	return nftables.New(nftables.WithNetNSFd(netns.FD()))
 }
 
 // FindTable returns table name of family fam as the kernel has it, nil if
@@ -37,7 +39,7 @@ func FindTable(conn *nftables.Conn, fam nftables.TableFamily, name string) (*nft
 
 // OpenTable opens a connection for reading network namespace netns and
 // finds table name of family fam there: a nil table when there is none.
-func OpenTable(netns int, fam nftables.TableFamily, name string) (*nftables.Conn, *nftables.Table, error) {
+func OpenTable(netns nsexec.NS, fam nftables.TableFamily, name string) (*nftables.Conn, *nftables.Table, error) {
 	conn, err := Open(netns)
 	if err != nil {
 		return nil, nil, err
@@ -55,7 +57,7 @@ type ChainInfo struct {
 
 // Chains lists the chains of table (family fam) in network namespace
 // netns, in the kernel's order; none when there is no such table.
-func Chains(netns int, fam nftables.TableFamily, table string) ([]ChainInfo, error) {
+func Chains(netns nsexec.NS, fam nftables.TableFamily, table string) ([]ChainInfo, error) {
 	var out []ChainInfo
 	err := dump(netns, fam, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table, func(ad *netlink.AttributeDecoder) {
 		var t string
@@ -85,7 +87,7 @@ func Chains(netns int, fam nftables.TableFamily, table string) ([]ChainInfo, err
 // when there is no such table. (A rule dump resumes each netlink message
 // by skipping as many rules as it already sent, so it costs more than the
 // table's size: syncs should not ask.)
-func RuleCounts(netns int, fam nftables.TableFamily, table string) (map[string]int, error) {
+func RuleCounts(netns nsexec.NS, fam nftables.TableFamily, table string) (map[string]int, error) {
 	counts := map[string]int{}
 	err := dump(netns, fam, unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, table, func(ad *netlink.AttributeDecoder) {
 		for ad.Next() {
@@ -106,7 +108,7 @@ func RuleCounts(netns int, fam nftables.TableFamily, table string) (map[string]i
 // dump runs one dump request of type msgType (family fam) filtered by
 // table (attribute tableAttr), calling fn with each answer's attributes.
 // A table that does not exist is no error: fn is not called.
-func dump(netns int, fam nftables.TableFamily, msgType, tableAttr uint16, table string, fn func(*netlink.AttributeDecoder)) error {
+func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, table string, fn func(*netlink.AttributeDecoder)) error {
 	c, err := dial(netns)
 	if err != nil {
 		return err
@@ -151,7 +153,7 @@ func dump(netns int, fam nftables.TableFamily, msgType, tableAttr uint16, table 
 // DeleteTable deletes table name of family f in network namespace netns,
 // with everything in it, in one transaction. It returns the line that
 // says what it removed, "" when there was no such table.
-func DeleteTable(netns int, f *Family, name string) (string, error) {
+func DeleteTable(netns nsexec.NS, f *Family, name string) (string, error) {
 	_, t, err := OpenTable(netns, f.Table, name)
 	if err != nil || t == nil {
 		return "", err
@@ -166,7 +168,7 @@ func DeleteTable(netns int, f *Family, name string) (string, error) {
 
 // TableExists says whether table name exists in either family (ip, ip6)
 // in network namespace netns.
-func TableExists(netns int, name string) (bool, error) {
+func TableExists(netns nsexec.NS, name string) (bool, error) {
 	conn, err := Open(netns)
 	if err != nil {
 		return false, err

@@ -9,6 +9,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // A transaction is queued with google/nftables' calls on a Conn and sent
@@ -30,15 +32,14 @@ import (
 // google/nftables' calls on Conn, then Commit.
 type Txn struct {
 	conn  *nftables.Conn
-	netns int
+	netns nsexec.NS
 	// sent records that the batch went out and err what the kernel said.
 	sent bool
 	err  error
 }
 
-// NewTxn returns an empty transaction for the network namespace netns
-// (0: the caller's).
-func NewTxn(netns int) *Txn {
+// NewTxn returns an empty transaction for the network namespace netns.
+func NewTxn(netns nsexec.NS) *Txn {
 	t := &Txn{netns: netns}
 	// New only fails when dialing a lasting connection, which this is not.
 	t.conn, _ = nftables.New(nftables.WithTestDial(t.exchange))
@@ -81,7 +82,7 @@ const batchTimeout = 30 * time.Second
 
 // sendBatch sends a batch (begin, messages, end) on a socket of its own
 // and waits for the acknowledgement of its last message, or an error.
-func sendBatch(netns int, batch []netlink.Message) error {
+func sendBatch(netns nsexec.NS, batch []netlink.Message) error {
 	if len(batch) < 3 {
 		return nil
 	}
@@ -178,8 +179,8 @@ func send(c *netlink.Conn, buf []byte) error {
 }
 
 // dial opens a netfilter netlink socket in the namespace netns.
-func dial(netns int) (*netlink.Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
+func dial(netns nsexec.NS) (*netlink.Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns.FD()})
 	if err != nil {
 		return nil, fmt.Errorf("nft: netlink socket: %w", err)
 	}
