@@ -10,7 +10,7 @@
 // reported kernel facts and conditions with it; the agent (nodeagent/kmod
 // through its callers, nodeagent/facts, nodeagent/report, the backend
 // factories) loads, reports and configures with it. The API's validation
-// markers must accept exactly what is listed here: contract_test.go checks
+// markers must accept exactly what is listed here: schedulers_test.go checks
 // the generated CRDs' enums against Modes and Schedulers.
 //
 // It imports nothing of the project but the API types. The dataplane

@@ -121,18 +121,3 @@ func TestModuleUsable(t *testing.T) {
 		}
 	}
 }
-
-func TestScheduler(t *testing.T) {
-	if s, err := Scheduler(""); s != DefaultScheduler || err != nil {
-		t.Errorf("Scheduler(\"\") = %q, %v; want the default", s, err)
-	}
-	if s, err := Scheduler("mh"); s != "mh" || err != nil {
-		t.Errorf("Scheduler(mh) = %q, %v", s, err)
-	}
-	if _, err := Scheduler("fifo"); err == nil {
-		t.Error("Scheduler(fifo) succeeded")
-	}
-	if !slices.Contains(Schedulers, DefaultScheduler) {
-		t.Errorf("the default scheduler %s is not among %v", DefaultScheduler, Schedulers)
-	}
-}

@@ -7,9 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/nodeagent/model"
-
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // testPorts are three services: web (ClusterIP, three endpoints), np

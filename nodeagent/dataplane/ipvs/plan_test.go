@@ -7,9 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyshift/proxyshift/nodeagent/model"
-
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // describePlan renders a plan as one line per step, in apply's order.

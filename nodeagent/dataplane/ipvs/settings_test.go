@@ -9,9 +9,8 @@ import (
 
 	libipvs "github.com/moby/ipvs"
 
-	"github.com/proxyshift/proxyshift/nodeagent/model"
-
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 func TestTimeoutsToSet(t *testing.T) {

@@ -6,11 +6,10 @@ import (
 
 	"github.com/google/nftables"
 
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
-
-	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 // The helper table needs nf_tables only, which kernels without IPVS may

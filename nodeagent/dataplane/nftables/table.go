@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )

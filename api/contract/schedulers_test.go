@@ -11,6 +11,21 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
+func TestScheduler(t *testing.T) {
+	if s, err := Scheduler(""); s != DefaultScheduler || err != nil {
+		t.Errorf("Scheduler(\"\") = %q, %v; want the default", s, err)
+	}
+	if s, err := Scheduler("mh"); s != "mh" || err != nil {
+		t.Errorf("Scheduler(mh) = %q, %v", s, err)
+	}
+	if _, err := Scheduler("fifo"); err == nil {
+		t.Error("Scheduler(fifo) succeeded")
+	}
+	if !slices.Contains(Schedulers, DefaultScheduler) {
+		t.Errorf("the default scheduler %s is not among %v", DefaultScheduler, Schedulers)
+	}
+}
+
 // crdFields walks a CRD's schemas and returns, for each property named in
 // fields, every schema of that name (one per version and place).
 func crdFields(t *testing.T, file string, fields ...string) map[string][]map[string]any {
