@@ -20,8 +20,9 @@ manifests: ## Generate CRDs and RBAC roles from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=proxyshift-agent paths=./nodeagent/... output:rbac:artifacts:config=config/rbac/agent
 
 .PHONY: generate
-generate: ## Generate DeepCopy methods.
+generate: ## Generate DeepCopy methods and the Dockerfiles (from images/*/image.yaml).
 	$(CONTROLLER_GEN) object paths=./api/...
+	for spec in $(IMAGE_SPECS); do go run ./hack/images -spec $$spec -dockerfile > $$(dirname $$spec)/Dockerfile; done
 
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.
@@ -36,8 +37,9 @@ controlplane: ## Build (once) and print the test control plane directory.
 	@hack/controlplane.sh
 
 .PHONY: test
-test: verify ## Run every test: real API server, real netfilter, then the VM's kernel tests.
+test: verify ## Run every test: real API server, real netfilter, the real-node cluster, then the VM's kernel tests.
 	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
 	hack/vm/run.sh
 
@@ -45,6 +47,12 @@ test: verify ## Run every test: real API server, real netfilter, then the VM's k
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
+
+.PHONY: test-real
+test-real: ## Run the real-node cluster's test (3 nodes with containerd and kubelet v1.37.2, kube-proxy, a Deployment; test/realcluster); as root.
+	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
+	hack/gotest.sh -v ./test/realcluster/
 
 .PHONY: test-vm
 test-vm: ## Run the kernel-module and IPVS tests in a VM booting Debian's stock kernel.
@@ -66,14 +74,23 @@ bench: ## Benchmark the agent beside kube-proxy v1.37.2 (built once from its mod
 ##@ Build
 
 .PHONY: build
-build: ## Build the operator and the agent into bin/.
+build: ## Build the operator, the agent and the kubectl plugin (kubectl-proxyshift) into bin/.
 	CGO_ENABLED=0 go build -o bin/proxyshift-operator ./cmd/operator
 	CGO_ENABLED=0 go build -o bin/proxyshift-agent ./cmd/agent
+	CGO_ENABLED=0 go build -o bin/kubectl-proxyshift ./cmd/kubectl-proxyshift
 
 .PHONY: cluster
 cluster: ## Run a local cluster (API server, operator, 3 node namespaces with agents, pods, Services) until Ctrl-C; as root. CLUSTER_FLAGS="-nodes 5 -mode iptables"
 	go build -o bin/localcluster ./hack/cluster
 	exec bin/localcluster $(CLUSTER_FLAGS)
+
+.PHONY: cluster-real
+cluster-real: ## Run the real-node cluster (control plane, 3 nodes with containerd and kubelet v1.37.2, kube-proxy, a Deployment) until Ctrl-C; as root. CLUSTER_REAL_FLAGS="-nodes 2"
+	@if [ "$$(id -u)" != 0 ]; then echo "make cluster-real needs root: it creates network, mount and PID namespaces and cgroups. Run: sudo make cluster-real" >&2; exit 1; fi
+	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
+	go build -o bin/cluster-real ./hack/cluster-real
+	exec bin/cluster-real $(CLUSTER_REAL_FLAGS)
 
 .PHONY: demo
 demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables under traffic, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"
@@ -85,6 +102,37 @@ demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables und
 .PHONY: run
 run: ## Run the operator against the cluster in $KUBECONFIG.
 	go run ./cmd/operator --leader-elect=false
+
+##@ Images
+
+# The images: images/<name>/image.yaml says what goes into each; `make
+# images` builds them with hack/images (no Docker, no registry) as OCI
+# archives under bin/images/, named as config/ refers to them. Every file is
+# dated at the commit, so a rebuild of the same commit gives the same digest.
+IMAGE_SPECS := images/operator/image.yaml images/agent/image.yaml
+REGISTRY ?= ghcr.io/proxyshift
+TAG ?= dev
+IMG_OPERATOR ?= $(REGISTRY)/proxyshift-operator:$(TAG)
+IMG_AGENT ?= $(REGISTRY)/proxyshift-agent:$(TAG)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+
+.PHONY: images
+images: ## Build bin/images/proxyshift-{operator,agent}.oci.tar (import: ctr -n k8s.io images import FILE); prints their digests.
+	hack/install-deps.sh
+	go build -o bin/images-tool ./hack/images
+	bin/images-tool -spec images/operator/image.yaml -ref $(IMG_OPERATOR) -out bin/images/proxyshift-operator.oci.tar
+	bin/images-tool -spec images/agent/image.yaml -ref $(IMG_AGENT) -out bin/images/proxyshift-agent.oci.tar
+
+.PHONY: docker-build
+docker-build: ## Build the images with Docker instead (same contents; the generated images/*/Dockerfile). IMG_OPERATOR=... IMG_AGENT=...
+	docker build -f images/operator/Dockerfile -t $(IMG_OPERATOR) .
+	docker build -f images/agent/Dockerfile -t $(IMG_AGENT) .
+
+.PHONY: docker-push
+docker-push: ## Push the images docker-build built.
+	docker push $(IMG_OPERATOR)
+	docker push $(IMG_AGENT)
 
 ##@ Deployment
 

@@ -51,8 +51,9 @@ func CacheOptions() cache.Options {
 	}}
 }
 
-// SetupWithManager builds a ProxyConfigReconciler from the manager and
-// registers it. It is what cmd/operator calls.
+// SetupWithManager builds the operator's reconcilers from the manager and
+// registers them: the ProxyConfig reconciler (returned) and the one that
+// gives every Node its ProxyNode. It is what cmd/operator calls.
 func SetupWithManager(mgr ctrl.Manager) (*ProxyConfigReconciler, error) {
 	r := &ProxyConfigReconciler{
 		Client:    mgr.GetClient(),
@@ -60,7 +61,10 @@ func SetupWithManager(mgr ctrl.Manager) (*ProxyConfigReconciler, error) {
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder(ControllerName),
 	}
-	return r, r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	return r, (&ProxyNodeReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
 }
 
 // SetupWithManager registers the reconciler and its watches: ProxyConfigs

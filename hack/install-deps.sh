@@ -12,6 +12,10 @@ declare -A PACKAGES=(
   [nft]=nftables
   [ipset]=ipset
   [pgrep]=procps
+  # The real-node cluster (test/realcluster): Debian's runc and CNI plugins
+  # run under the containerd built by hack/realcluster.sh.
+  [runc]=runc
+  [/usr/lib/cni/bridge]=containernetworking-plugins
   # make test-vm (hack/vm): the VM, its initramfs and the modules tree.
   [qemu-system-x86_64]=qemu-system-x86
   [cpio]=cpio

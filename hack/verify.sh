@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-GENERATED=(config/crd/bases config/rbac/operator/role.yaml config/rbac/agent/role.yaml api/v1alpha1/zz_generated.deepcopy.go)
+GENERATED=(config/crd/bases config/rbac/operator/role.yaml config/rbac/agent/role.yaml api/v1alpha1/zz_generated.deepcopy.go images/operator/Dockerfile images/agent/Dockerfile)
 fail=0
 
 verify_generated() {

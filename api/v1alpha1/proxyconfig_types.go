@@ -177,7 +177,7 @@ type ProxyConfigStatus struct {
 // policy for moving them to it safely.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster,shortName=pc,categories=proxyshift
+// +kubebuilder:resource:scope=Cluster,shortName=pxc,categories=proxyshift
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Updated",type=string,JSONPath=`.status.nodes.summary`

@@ -131,6 +131,13 @@ func ownedByOtherNode(pn *v1alpha1.ProxyNode, n Node) bool {
 	return false
 }
 
+// NewProxyNode is the ProxyNode a node gets before anything asks it for a
+// mode: no spec, owned by its Node so the garbage collector removes it
+// with the Node.
+func NewProxyNode(n Node) *v1alpha1.ProxyNode {
+	return &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: n.Name, OwnerReferences: []metav1.OwnerReference{nodeOwnerRef(n)}}}
+}
+
 // nodeOwnerRef is the owner reference that lets the garbage collector
 // delete a ProxyNode with its Node.
 func nodeOwnerRef(n Node) metav1.OwnerReference {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/proxyshift/proxyshift/api/contract"
@@ -89,9 +88,7 @@ func (p *pass) classify() effects {
 			continue // created again once the deletion is seen
 		}
 		if pn == nil {
-			e.create = append(e.create, &v1alpha1.ProxyNode{
-				ObjectMeta: metav1.ObjectMeta{Name: n.name, OwnerReferences: []metav1.OwnerReference{nodeOwnerRef(n.node)}},
-			})
+			e.create = append(e.create, NewProxyNode(n.node))
 			n.reportDeadline = p.now.Add(p.pol.timeout)
 			continue
 		}

@@ -6,6 +6,8 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -185,6 +187,64 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("ImagesMatchWhatMakeImagesBuilds", func(t *testing.T) {
+		// config/default runs the images images/*/image.yaml name (what
+		// `make images` tags); config/local runs the same images and never
+		// pulls them, since they are imported onto the nodes.
+		want := map[string]string{}
+		for _, c := range []string{"operator", "agent"} {
+			b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "images", c, "image.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var spec struct {
+				Ref string `json:"ref"`
+			}
+			if err := yaml.Unmarshal(b, &spec); err != nil {
+				t.Fatal(err)
+			}
+			want["proxyshift-"+c] = spec.Ref
+		}
+		for _, overlay := range []struct {
+			dir, pullPolicy string
+		}{{"config/default", ""}, {"config/local", "Never"}} {
+			rendered, err := env.Kubectl(t, "kustomize", overlay.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := 0
+			for _, doc := range strings.Split(rendered, "\n---\n") {
+				var obj struct {
+					Kind     string
+					Metadata struct{ Name string }
+					Spec     struct {
+						Template struct {
+							Spec struct {
+								Containers []struct{ Image, ImagePullPolicy string }
+							}
+						}
+					}
+				}
+				if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+					t.Fatalf("%s: %v", overlay.dir, err)
+				}
+				if obj.Kind != "Deployment" && obj.Kind != "DaemonSet" {
+					continue
+				}
+				for _, c := range obj.Spec.Template.Spec.Containers {
+					seen++
+					if c.Image != want[obj.Metadata.Name] || c.ImagePullPolicy != overlay.pullPolicy {
+						t.Errorf("%s: %s %s runs %q pullPolicy %q; want %q pullPolicy %q",
+							overlay.dir, obj.Kind, obj.Metadata.Name, c.Image, c.ImagePullPolicy, want[obj.Metadata.Name], overlay.pullPolicy)
+					}
+				}
+			}
+			if seen != 2 {
+				t.Errorf("%s renders %d containers, want the operator's and the agent's", overlay.dir, seen)
+			}
+		}
+	})
+
 	t.Run("PrinterColumns", func(t *testing.T) {
 		if _, err := env.Kubectl(t, "apply", "-f", "config/samples/network_v1alpha1_proxyconfig_iptables.yaml"); err != nil {
 			t.Fatal(err)
@@ -206,8 +266,9 @@ func TestAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectTable(t, out, []string{"NAME", "MODE", "PHASE", "UPDATED", "READY", "AGE"}, []string{"iptables", "iptables", "Progressing", "3/5", "False"})
-		// Not "pc": kubectl resolves that short name to the built-in PriorityClass.
-		out, err = env.Kubectl(t, "get", "proxyconfigs", "-o", "wide")
+		// The short name kubectl resolves to ProxyConfig: "pxc" ("pc" is
+		// the built-in PriorityClass's, which kubectl prefers).
+		out, err = env.Kubectl(t, "get", "pxc", "-o", "wide")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,6 +290,29 @@ func TestAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "1234", "10h"})
+	})
+
+	t.Run("ShortNamesResolveToProxyshift", func(t *testing.T) {
+		// kubectl resolves a short name to the first resource that declares
+		// it, built-in ones first: ours must be declared by nothing else.
+		for short, kind := range map[string]string{"pxc": "ProxyConfig", "pn": "ProxyNode"} {
+			out, err := env.Kubectl(t, "explain", short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "GROUP:      network.proxyshift.io") || !strings.Contains(out, "KIND:       "+kind) {
+				t.Errorf("kubectl explain %s does not describe network.proxyshift.io %s:\n%.400s", short, kind, out)
+			}
+		}
+		out, err := env.Kubectl(t, "api-resources", "--api-group=network.proxyshift.io", "--no-headers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, short := range strings.Fields(out) {
+			if short == "pc" {
+				t.Errorf("a proxyshift kind still declares the short name pc, which kubectl resolves to PriorityClass:\n%s", out)
+			}
+		}
 	})
 
 	t.Run("KernelSettingsInStatus", func(t *testing.T) {

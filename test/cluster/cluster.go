@@ -41,6 +41,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/test/controlplane"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -138,8 +139,9 @@ type Cluster struct {
 
 	opts      Options
 	seq       int64
-	pki       *pki
-	fwd       *netlab.Forwarder
+	pki       *controlplane.PKI
+	cp        *controlplane.ControlPlane
+	fabric    *netlab.Fabric
 	ownRunDir bool
 	childEnv  []string
 
@@ -344,7 +346,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 
 func (c *Cluster) start(ctx context.Context) error {
 	o := &c.opts
-	sweepStale(c.logf)
+	netlab.SweepStale(nsPrefix, c.logf)
 
 	if err := c.step("run directory", func() error {
 		if o.RunDir == "" {
@@ -409,7 +411,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	if err := c.step("certificates", func() (err error) {
-		c.pki, err = newPKI(filepath.Join(c.RunDir, "pki"), serveIPs())
+		c.pki, err = controlplane.NewPKI(filepath.Join(c.RunDir, "pki"))
 		return err
 	}); err != nil {
 		return err
@@ -507,11 +509,11 @@ func (c *Cluster) close() error {
 		agents = append(agents, n.Agent)
 	}
 	stopAll(append(agents, c.Operator), 5*time.Second)
-	if c.fwd != nil {
-		c.fwd.Close()
+	if c.cp != nil {
+		if err := c.cp.Stop(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	stopAll([]*Process{c.APIServer}, 5*time.Second)
-	stopAll([]*Process{c.Etcd}, 5*time.Second)
 	for _, p := range c.Pods {
 		p.server.Stop() // its sockets would keep the namespace alive
 	}

@@ -598,7 +598,7 @@ func TestProgramCtrlCAndCrash(t *testing.T) {
 	if left := namespacesWithPrefix(t, r.netns); len(left) < 5 {
 		t.Errorf("a killed harness should leave its namespaces; found %v", left)
 	}
-	sweepStale(t.Logf)
+	netlab.SweepStale(nsPrefix, t.Logf)
 	if left := namespacesWithPrefix(t, r.netns); len(left) != 0 {
 		t.Errorf("namespaces left after the sweep: %v", left)
 	}

@@ -3,11 +3,7 @@ package cluster
 import (
 	"fmt"
 	"net/netip"
-	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -62,48 +58,14 @@ func clientIP(k int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, byt
 
 // nsPrefix starts the names of the namespaces the harness creates:
 // "psc-<pid>-<cluster>-<role>". The pid lets a later run remove what a
-// crashed run left behind (sweepStale).
+// crashed run left behind (netlab.SweepStale).
 const nsPrefix = "psc-"
 
 var clusterSeq atomic.Int64
 
-// sweepStale removes the namespaces left by harness processes that are
-// gone (killed before they could clean up). Their processes died with
-// them (Pdeathsig), so nothing holds the namespaces any more. Namespaces
-// of live processes, and anybody else's, are left alone.
-func sweepStale(logf func(string, ...any)) {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), nsPrefix)
-		if !ok {
-			continue
-		}
-		pidStr, _, ok := strings.Cut(rest, "-")
-		if !ok {
-			continue
-		}
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || err == syscall.EPERM {
-			continue // alive
-		}
-		ns := &netlab.NetNS{Name: e.Name(), Handle: -1}
-		if err := ns.Delete(); err != nil {
-			logf("remove stale namespace %s: %v", e.Name(), err)
-		} else {
-			logf("removed stale namespace %s (its harness, pid %d, is gone)", e.Name(), pid)
-		}
-	}
-}
-
 // newNS creates one of the cluster's namespaces and records it for Close.
 func (c *Cluster) newNS(role string) (*netlab.NetNS, error) {
-	ns, err := netlab.CreateNetNS(fmt.Sprintf("%s%d-%d-%s", nsPrefix, os.Getpid(), c.seq, role))
+	ns, err := netlab.CreateNetNS(netlab.OwnedName(nsPrefix, fmt.Sprintf("%d-%s", c.seq, role)))
 	if err != nil {
 		return nil, err
 	}
@@ -116,13 +78,7 @@ func (c *Cluster) newNS(role string) (*netlab.NetNS, error) {
 // plug joins ns to the fabric bridge with a veth (eth0 inside ns) and gives
 // it addr on the fabric.
 func (c *Cluster) plug(ns *netlab.NetNS, fabricLink string, addr netip.Addr) error {
-	if err := c.Fabric.AddVeth(fabricLink, ns, uplink); err != nil {
-		return err
-	}
-	if err := c.Fabric.SetMaster(fabricLink, fabricBridge); err != nil {
-		return err
-	}
-	return ns.AddAddr(uplink, netip.PrefixFrom(addr, FabricCIDR.Bits()))
+	return c.fabric.Plug(ns, fabricLink, uplink, addr)
 }
 
 // buildFabric creates the fabric namespace with its bridge, and the
@@ -132,18 +88,8 @@ func (c *Cluster) buildFabric() error {
 	if c.Fabric, err = c.newNS("fabric"); err != nil {
 		return err
 	}
-	steps := []func() error{
-		// The fabric namespace is the nodes' default gateway; it must drop
-		// what it is sent, not route it anywhere.
-		func() error { return c.Fabric.SetSysctl("net/ipv4/ip_forward", "0") },
-		func() error {
-			return c.Fabric.AddBridge(fabricBridge, netip.PrefixFrom(FabricGateway, FabricCIDR.Bits()))
-		},
-	}
-	for _, s := range steps {
-		if err := s(); err != nil {
-			return fmt.Errorf("fabric: %w", err)
-		}
+	if c.fabric, err = netlab.NewFabric(c.Fabric, fabricBridge, netip.PrefixFrom(FabricGateway, FabricCIDR.Bits())); err != nil {
+		return err
 	}
 	if c.ControlPlane, err = c.newNS("cp"); err != nil {
 		return err

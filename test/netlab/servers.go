@@ -32,24 +32,34 @@ type Server struct {
 // StartServer opens a TCP listener and a UDP socket on port, all
 // addresses, inside ns, and serves them until Stop.
 func StartServer(ns *NetNS, name string, port int) (*Server, error) {
+	var s *Server
+	err := ns.Do(func() error {
+		var err error
+		s, err = Serve(name, port)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, ns.Name)
+	}
+	return s, nil
+}
+
+// Serve opens a TCP listener and a UDP socket on port, all addresses, in
+// the calling thread's network namespace, and serves them until Stop: what
+// a pod's server process (test/realcluster/podserver) runs.
+func Serve(name string, port int) (*Server, error) {
 	if strings.ContainsAny(name, " \n") {
 		return nil, fmt.Errorf("server name %q: no spaces or newlines", name)
 	}
 	s := &Server{name: name, conns: map[net.Conn]struct{}{}}
 	addr := fmt.Sprintf("0.0.0.0:%d", port)
-	err := ns.Do(func() error {
-		var err error
-		if s.tcp, err = net.Listen("tcp4", addr); err != nil {
-			return err
-		}
-		if s.udp, err = net.ListenPacket("udp4", addr); err != nil {
-			_ = s.tcp.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("server %s in %s: %w", name, ns.Name, err)
+	var err error
+	if s.tcp, err = net.Listen("tcp4", addr); err != nil {
+		return nil, fmt.Errorf("server %s: %w", name, err)
+	}
+	if s.udp, err = net.ListenPacket("udp4", addr); err != nil {
+		_ = s.tcp.Close()
+		return nil, fmt.Errorf("server %s: %w", name, err)
 	}
 	s.wg.Add(2)
 	go s.acceptTCP()

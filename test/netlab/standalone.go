@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 
@@ -88,4 +90,22 @@ func (ns *NetNS) DialContext(ctx context.Context, network, address string) (net.
 		return err
 	})
 	return c, err
+}
+
+// HTTPGet fetches url (an IP literal host) with a connection opened inside
+// ns, without keep-alive, and returns the status code and up to 1 MiB of
+// the body.
+func (ns *NetNS) HTTPGet(ctx context.Context, url string) (int, string, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: ns.DialContext, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b), err
 }

@@ -337,3 +337,42 @@ func TestInvalidAndImpossibleSituations(t *testing.T) {
 		t.Errorf("Degraded %+v", d)
 	}
 }
+
+// TestEveryNodeGetsAProxyNodeWithoutAConfig: installing proxyshift gives
+// every Node an empty ProxyNode (owned by it, nothing desired), so each
+// agent has one to report on while no ProxyConfig exists; one deleted by
+// hand comes back.
+func TestEveryNodeGetsAProxyNodeWithoutAConfig(t *testing.T) {
+	w := newWorld(t)
+	nodes := w.createNodes("plain", 3, nil)
+	w.startOperator(opOptions{})
+	check := func(n string) {
+		t.Helper()
+		var pn *v1alpha1.ProxyNode
+		w.waitFor("ProxyNode "+n, 30*time.Second, func() bool {
+			pn = &v1alpha1.ProxyNode{}
+			return w.c.Get(w.ctx, types.NamespacedName{Name: n}, pn) == nil
+		})
+		if pn.Spec.DesiredMode != "" || pn.Spec.ConfigRef != nil {
+			t.Errorf("%s: spec %+v, want nothing desired", n, pn.Spec)
+		}
+		if len(pn.OwnerReferences) != 1 || pn.OwnerReferences[0].Kind != "Node" || pn.OwnerReferences[0].Name != n || pn.OwnerReferences[0].UID == "" {
+			t.Errorf("%s: owners %+v, want its Node", n, pn.OwnerReferences)
+		}
+	}
+	for _, n := range nodes {
+		check(n)
+	}
+	w.createNode("late", nil)
+	check("late")
+
+	old := w.proxyNode(nodes[0])
+	if err := w.c.Delete(w.ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("ProxyNode "+nodes[0]+" created again", 30*time.Second, func() bool {
+		pn := &v1alpha1.ProxyNode{}
+		return w.c.Get(w.ctx, types.NamespacedName{Name: nodes[0]}, pn) == nil && pn.UID != old.UID
+	})
+	check(nodes[0])
+}

@@ -1,0 +1,135 @@
+package realcluster
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// checkInstall does what the README tells a user of a cluster without a
+// registry: `make images`, import both archives on every node, `kubectl
+// apply -k config/local`. It then checks that the operator and every agent
+// run Ready under their shipped security context, that every agent reports
+// its ProxyNode, that their health and metrics endpoints answer where the
+// manifests say, and that installing changed nothing: no node holds a rule
+// of proxyshift's and kube-proxy still serves every way in.
+func checkInstall(t *testing.T, c *Cluster) {
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	start := time.Now()
+	make := exec.CommandContext(ctx, "make", "images")
+	make.Dir = c.opts.RepoDir
+	if out, err := make.CombinedOutput(); err != nil {
+		t.Fatalf("make images: %v\n%s", err, out)
+	}
+	t.Logf("timing: make images %6.2fs", time.Since(start).Seconds())
+	for _, name := range []string{"proxyshift-operator", "proxyshift-agent"} {
+		if err := c.ImportImage(ctx, filepath.Join(c.opts.RepoDir, "bin", "images", name+".oci.tar")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start = time.Now()
+	if out, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.opts.RepoDir, "config", "local")); err != nil {
+		t.Fatalf("kubectl apply -k config/local: %v\n%s", err, out)
+	}
+	for _, w := range []string{"deployment/proxyshift-operator", "daemonset/proxyshift-agent"} {
+		if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", w, "--timeout=5m"); err != nil {
+			pods, _ := c.Kubectl(ctx, "-n", "proxyshift-system", "get", "pods", "-o", "wide")
+			desc, _ := c.Kubectl(ctx, "-n", "proxyshift-system", "describe", "pods")
+			t.Fatalf("%s not ready: %v\n%s\n%s\n%s", w, err, out, pods, desc)
+		}
+	}
+	t.Logf("timing: kubectl apply -k config/local until every pod is Ready %6.2fs", time.Since(start).Seconds())
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("every agent reports its ProxyNode", func(t *testing.T) {
+		for _, n := range c.Nodes {
+			waitUntil(t, c, n.Name+"'s agent reports its ProxyNode", func(ctx context.Context) error {
+				pn := &v1alpha1.ProxyNode{}
+				if err := cl.Get(ctx, types.NamespacedName{Name: n.Name}, pn); err != nil {
+					return err
+				}
+				if pn.Spec.DesiredMode != "" {
+					return fmt.Errorf("desiredMode %q: installing must ask nothing of a node", pn.Spec.DesiredMode)
+				}
+				if pn.Status.Kernel == nil || pn.Status.Phase == "" {
+					return fmt.Errorf("status not reported yet: %+v", pn.Status)
+				}
+				return nil
+			})
+		}
+		out, err := c.Kubectl(ctx, "get", "proxynodes", "-o", "wide")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("kubectl get proxynodes -o wide:\n%s", out)
+	})
+
+	t.Run("health and metrics answer where the manifests say", func(t *testing.T) {
+		// The agent, on each node's loopback (hostNetwork), beside
+		// kube-proxy's 10249 and 10256.
+		for _, n := range c.Nodes {
+			for _, e := range []struct{ url, want string }{
+				{"http://127.0.0.1:10266/livez", "ok"},
+				{"http://127.0.0.1:10266/healthz", "ok"},
+				{"http://127.0.0.1:10265/metrics", "proxyshift_"},
+				{"http://127.0.0.1:10249/proxyMode", "iptables"},
+			} {
+				code, body, err := n.NS.HTTPGet(ctx, e.url)
+				if err != nil || code != 200 || !strings.Contains(body, e.want) {
+					t.Errorf("%s: GET %s: %d %v, want 200 with %q; body:\n%.300s", n.Name, e.url, code, err, e.want, body)
+				}
+			}
+		}
+		// The operator, on its pod's address.
+		ip, err := c.Kubectl(ctx, "-n", "proxyshift-system", "get", "pods", "-l", "app.kubernetes.io/component=operator",
+			"-o", "jsonpath={.items[0].status.podIP}")
+		if err != nil || ip == "" {
+			t.Fatalf("operator pod IP: %q %v", ip, err)
+		}
+		for _, path := range []string{"/healthz", "/readyz"} {
+			url := "http://" + ip + ":8081" + path
+			code, body, err := c.Nodes[0].NS.HTTPGet(ctx, url)
+			if err != nil || code != 200 || !strings.Contains(body, "ok") {
+				t.Errorf("operator: GET %s: %d %v, want 200 ok; body:\n%.300s", url, code, err, body)
+			}
+		}
+	})
+
+	t.Run("installing changed nothing", func(t *testing.T) {
+		for _, n := range c.Nodes {
+			for _, dump := range [][]string{{"nft", "list", "ruleset"}, {"iptables-nft-save"}, {"iptables-legacy-save"}} {
+				out, err := n.Exec(ctx, dump[0], dump[1:]...)
+				if err != nil {
+					t.Fatalf("%s: %s: %v", n.Name, strings.Join(dump, " "), err)
+				}
+				if strings.Contains(strings.ToLower(string(out)), "proxyshift") {
+					t.Errorf("%s: %s shows proxyshift's objects after installing:\n%s", n.Name, strings.Join(dump, " "), out)
+				}
+			}
+		}
+		checkTraffic(t, c, "")
+	})
+}
