@@ -85,8 +85,9 @@ func TestHelperTableInKernel(t *testing.T) {
 			st, _ := newState(rc, base, nil)
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
 			checkTable(t, b, f, st)
-			// nft lists the chains the golden dump (table.golden) shows.
-			nfttest.EqualChains(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), dumpTable(f, st.chains))
+			t.Run("nft-lists-the-chains-of-the-dump", func(t *testing.T) {
+				nfttest.EqualChains(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), dumpTable(f, st.chains))
+			})
 
 			// A second full sync replaces the table in place.
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
