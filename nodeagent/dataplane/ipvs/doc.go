@@ -25,9 +25,8 @@
 //     atomic transaction per change, and sets and verdict maps that play
 //     the part of ipsets. Its rules are fixed; everything per service is a
 //     set element, so an incremental sync only adds and removes elements.
-//     The decisions
-//     themselves come from dataplane.PortPolicy, shared with the other
-//     backends, so that every mode treats traffic alike.
+//     The decisions themselves come from dataplane.PortPolicy, shared with
+//     the other backends, so that every mode treats traffic alike.
 //   - The backend owns only what it created. IPVS has one table per
 //     network namespace, shared with anyone else who uses it, so there is
 //     never a flush: a virtual service is the backend's when the helper
