@@ -10,9 +10,9 @@
 //   - controllers/plan: the planner, plan.Plan(config, other configs, nodes,
 //     ProxyNodes, now) -> ProxyNodes to create/update, the status, events,
 //     and when to look again. Pure; table- and simulation-tested.
-//   - controllers/preflight: what each mode needs from a node's kernel
-//     (preflight.Problems, preflight.RequiredModules). No controller
-//     dependencies, so the agent can share it.
+//   - controllers/preflight: checks a node's kernel facts against what a
+//     mode needs (preflight.Problems). What a mode needs, and the rest of
+//     what the operator and the agent agree on, is api/contract.
 //
 // # A rollout's memory lives in the API
 //
@@ -105,7 +105,8 @@
 // the move it undoes: the previous spec's, or generation 0 for "what ran
 // before proxyshift"), and reports status.observedConfig = that configRef
 // with activeMode and phase when done. Health is read from conditions
-// Ready and Degraded (plan.NodeConditionReady, plan.NodeConditionDegraded).
+// Ready and Degraded (contract.ConditionReady, contract.ConditionDegraded;
+// the rule is contract.Healthy).
 //
 // # Writes
 //

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -30,10 +29,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -44,11 +44,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
 
-// BackendFactory builds a dataplane for the node's settings. It must not
-// touch the kernel: the agent builds backends to look at what the kernel
-// holds and to clean up, not only to program.
-type BackendFactory func(cfg dataplane.NodeConfig) (dataplane.Backend, error)
-
 // Options configure one agent.
 type Options struct {
 	// NodeName is the node this agent proxies for.
@@ -56,12 +51,9 @@ type Options struct {
 	// Mode is the dataplane to run when no ProxyNode says otherwise (a
 	// standalone agent, or a ProxyNode without spec.desiredMode).
 	Mode v1alpha1.ProxyMode
-	// Backends maps each supported mode to its constructor.
-	Backends map[v1alpha1.ProxyMode]BackendFactory
-	// SettingsBackends, for modes whose backend also takes the ProxyNode's
-	// spec.settings (the IPVS scheduler, strict ARP), take precedence over
-	// Backends. settings is empty when no ProxyNode sets them.
-	SettingsBackends map[v1alpha1.ProxyMode]func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (dataplane.Backend, error)
+	// Backends maps each supported mode to its constructor
+	// (backends.Factories).
+	Backends map[v1alpha1.ProxyMode]backends.Factory
 	// ClusterCIDRs are the pod networks (for masquerading decisions);
 	// ProxyNode spec.settings.clusterCIDRs overrides them.
 	ClusterCIDRs []netip.Prefix
@@ -77,11 +69,10 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
-	// NetNS, if a namespace handle (> 0), is the network namespace of the
-	// node: its addresses are the node's, and facts, probes, conntrack and
-	// cleanup work there (the backends get their own namespace option from
-	// Backends). Zero or -1 means the agent's own namespace.
-	NetNS netns.NsHandle
+	// NetNS is the network namespace of the node: its addresses are the
+	// node's, and facts, probes, conntrack and cleanup work there (the
+	// backends get it from Backends). The zero value is the agent's own.
+	NetNS nsexec.NS
 
 	// RESTConfig, when set, makes the agent follow its ProxyNode (named
 	// NodeName): spec.desiredMode and spec.settings, and write its status.
@@ -90,9 +81,6 @@ type Options struct {
 	// Kernel is where kernel modules are probed and loaded from (zero:
 	// the running kernel's /proc/modules, /lib/modules, /sys/module).
 	Kernel kmod.Kernel
-	// IPTablesFacts, if set, reports the iptables backends for the kernel
-	// facts; nil runs the iptables-*-save tools.
-	IPTablesFacts func(ctx context.Context) []v1alpha1.IPTablesBackend
 	// AdoptKubeProxy removes kube-proxy's leftovers once the desired mode
 	// is programmed and verified: set it only on nodes taken over from
 	// kube-proxy, after kube-proxy stopped there.
@@ -127,10 +115,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if !slices.Contains(opts.modes(), opts.Mode) && opts.Mode != "" {
 		return fmt.Errorf("mode %q is not supported by this agent (supported: %v)", opts.Mode, opts.modes())
 	}
-	ns := nsexec.Current
-	if opts.NetNS > 0 {
-		ns = nsexec.NS(int(opts.NetNS))
-	}
+	ns := opts.NetNS
 
 	// Health and metrics first: /livez answers while the rest starts.
 	healthTimeout := 2 * opts.SyncPeriod
@@ -215,7 +200,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	reporter.Seed(startPN)
 	if startPN != nil {
 		st := startPN.Status
-		if c := meta.FindStatusCondition(st.Conditions, report.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
+		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
 			a.heldGen, a.held = startPN.Generation, true
 			a.heldReason, a.heldMessage = c.Reason, c.Message
 		}
@@ -226,7 +211,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	}
 
 	fanout := switcher.NewFanout()
-	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts, Settings: fanout}
+	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		if !conntrack.HasUDPChange(changed, full) {
@@ -277,7 +262,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	hs.started(loops)
 
 	go a.follow(ctx, reporter)
-	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval, regather.kick)
+	go gatherFacts(ctx, gatherer, reporter, opts.FactsInterval, regather.kick)
 
 	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "desired", a.current().desire.Mode, "nodePortIPs", a.current().cfg.NodeIPs, "followsProxyNode", pnInformer != nil)
 	return sw.Run(ctx, st, step)
@@ -285,12 +270,12 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 
 // gatherFacts reports the kernel facts now, every interval and whenever
 // kick receives; the reporter writes them only when they changed.
-func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration, kick <-chan struct{}) {
+func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, interval time.Duration, kick <-chan struct{}) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
 	for {
-		r.SetKernel(g.Gather(ctx, a.current().desire.Scheduler))
+		r.SetKernel(g.Gather(ctx))
 		select {
 		case <-ctx.Done():
 			return
@@ -367,13 +352,12 @@ func unwrapDeleted(o any) any {
 	return o
 }
 
-// localAddrs lists the addresses of the node's namespace (the current one
-// when ns is not a handle, see Options.NetNS).
-func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
+// localAddrs lists the addresses of the node's namespace.
+func localAddrs(ns nsexec.NS) ([]netip.Addr, error) {
 	h := &netlink.Handle{}
-	if ns > 0 {
+	if nh, ok := ns.Handle(); ok {
 		var err error
-		if h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE); err != nil {
+		if h, err = netlink.NewHandleAt(nh, unix.NETLINK_ROUTE); err != nil {
 			return nil, err
 		}
 		defer h.Close()
@@ -394,10 +378,8 @@ func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
 // modes lists the modes the agent has a backend for.
 func (o *Options) modes() []v1alpha1.ProxyMode {
 	var modes []v1alpha1.ProxyMode
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		_, ok := o.Backends[m]
-		_, ok2 := o.SettingsBackends[m]
-		if ok || ok2 {
+	for _, m := range contract.Modes {
+		if _, ok := o.Backends[m]; ok {
 			modes = append(modes, m)
 		}
 	}

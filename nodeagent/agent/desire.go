@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -89,23 +90,17 @@ func (a *agentState) resolve() error {
 			settings = *pn.Spec.Settings.DeepCopy()
 		}
 	}
+	s, err := contract.Interpret(mode, &settings)
+	if err != nil {
+		return err
+	}
 	cidrs := o.ClusterCIDRs
-	if len(settings.ClusterCIDRs) > 0 {
-		cidrs = nil
-		for _, c := range settings.ClusterCIDRs {
-			p, err := c.Parse()
-			if err != nil {
-				return fmt.Errorf("spec.settings.clusterCIDRs: %w", err)
-			}
-			cidrs = append(cidrs, p)
-		}
+	if len(s.ClusterCIDRs) > 0 {
+		cidrs = s.ClusterCIDRs
 	}
 	npa := o.NodePortAddresses
-	if len(settings.NodePortAddresses) > 0 {
-		npa = nil
-		for _, s := range settings.NodePortAddresses {
-			npa = append(npa, string(s))
-		}
+	if len(s.NodePortAddresses) > 0 {
+		npa = s.NodePortAddresses
 	}
 	node, err := a.nodeLister.Get(o.NodeName)
 	if apierrors.IsNotFound(err) {
@@ -123,50 +118,25 @@ func (a *agentState) resolve() error {
 		return err
 	}
 	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
-	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
-	var modeSettings any
-	var sched v1alpha1.IPVSScheduler
-	parse := func(field string, d v1alpha1.Duration, into *time.Duration) error {
-		v, err := d.Parse(*into)
-		if err != nil {
-			return fmt.Errorf("spec.settings.%s: %w", field, err)
-		}
-		*into = v
-		return nil
+	if s.MasqueradeAll != nil {
+		cfg.MasqueradeAll = *s.MasqueradeAll
 	}
-	switch {
-	case mode == v1alpha1.ModeIPTables && settings.IPTables != nil:
-		s := settings.IPTables
-		modeSettings = s
-		cfg.MasqueradeAll = s.MasqueradeAll
-		if s.MasqueradeBit != nil {
-			cfg.MasqueradeBit = int(*s.MasqueradeBit)
-		}
-		if err := parse("iptables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
-			return err
-		}
-		if err := parse("iptables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
-			return err
-		}
-	case mode == v1alpha1.ModeNFTables && settings.NFTables != nil:
-		s := settings.NFTables
-		modeSettings = s
-		if err := parse("nftables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
-			return err
-		}
-		if err := parse("nftables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
-			return err
-		}
-	case mode == v1alpha1.ModeIPVS && settings.IPVS != nil:
-		modeSettings = settings.IPVS
-		sched = settings.IPVS.Scheduler
+	if s.MasqueradeBit != nil {
+		cfg.MasqueradeBit = *s.MasqueradeBit
+	}
+	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
+	if s.MinSyncPeriod != nil {
+		sc.MinSyncPeriod = *s.MinSyncPeriod
+	}
+	if s.SyncPeriod != nil {
+		sc.SyncPeriod = *s.SyncPeriod
 	}
 	key, _ := json.Marshal(struct {
 		Cfg  dataplane.NodeConfig
 		Mode any
-	}{cfg, modeSettings})
+	}{cfg, s.Section})
 	d := switcher.Desire{
-		Mode: mode, Key: string(key), Scheduler: sched, Config: ref, Generation: gen,
+		Mode: mode, Key: string(key), Scheduler: s.Scheduler, Config: ref, Generation: gen,
 		Held: a.held && gen == a.heldGen, Resume: a.resume,
 	}
 	if d.Held {
@@ -205,7 +175,7 @@ func (a *agentState) resolveFirst(ctx context.Context, r *report.Reporter, h *he
 			return true
 		}
 		klog.ErrorS(err, "Cannot resolve this node's settings; the rules the kernel holds keep serving until they resolve")
-		r.SetProblem(report.ReasonSettingsUnresolved, err.Error()+"; the rules the kernel holds keep serving until they resolve")
+		r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the rules the kernel holds keep serving until they resolve")
 		h.wait("settings that resolve on this node (" + err.Error() + ")")
 		select {
 		case <-ctx.Done():
@@ -231,7 +201,7 @@ func (a *agentState) follow(ctx context.Context, r *report.Reporter) {
 		retry = nil
 		if err := a.onChange(ctx); err != nil {
 			klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
-			r.SetProblem(report.ReasonSettingsUnresolved, err.Error()+"; the agent keeps running with the settings it had")
+			r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the agent keeps running with the settings it had")
 			retry = time.After(10 * time.Second)
 			continue
 		}
@@ -258,15 +228,11 @@ func (a *agentState) onChange(ctx context.Context) error {
 // backend builds mode's backend with the current settings.
 func (a *agentState) backend(mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
 	cur := a.current()
-	if f, ok := a.opts.SettingsBackends[mode]; ok {
-		b, err := f(cur.cfg, *cur.settings.DeepCopy())
-		return b, cur.desire.Key, err
-	}
 	f, ok := a.opts.Backends[mode]
 	if !ok {
 		return nil, "", fmt.Errorf("mode %q is not supported by this agent (supported: %v)", mode, a.opts.modes())
 	}
-	b, err := f(cur.cfg)
+	b, err := f(cur.cfg, *cur.settings.DeepCopy())
 	return b, cur.desire.Key, err
 }
 

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/nodeagent/report"
 )
 
@@ -135,7 +136,7 @@ func waitSynced(ctx context.Context, r *report.Reporter, h *health, grace time.D
 			msg := fmt.Sprintf("waiting since %s for %s (the API server is unreachable, slow, or denies the list); the rules the kernel holds keep serving until then",
 				start.UTC().Format(time.RFC3339), what)
 			klog.InfoS("Informers not synced yet; the kernel's rules keep serving", "waitingFor", waiting, "since", start)
-			r.SetProblem(report.ReasonNotSynced, msg)
+			r.SetProblem(contract.ReasonNotSynced, msg)
 		}
 		select {
 		case <-ctx.Done():

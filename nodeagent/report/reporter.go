@@ -12,43 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-)
-
-// Condition types and reasons the agent writes. Each reason says what a
-// person can do about it; the message has the specifics.
-const (
-	ConditionReady    = "Ready"
-	ConditionDegraded = "Degraded"
-
-	// ReasonActive: the desired mode serves and its last sync succeeded.
-	ReasonActive = "Active"
-	// ReasonSwitching: a switch is in progress; wait.
-	ReasonSwitching = "Switching"
-	// ReasonSyncFailed: the last sync failed; the kernel keeps the last
-	// good rules. The message has the kernel's error.
-	ReasonSyncFailed = "SyncFailed"
-	// ReasonNoMode: no mode is desired and none is programmed.
-	ReasonNoMode = "NoModeDesired"
-	// ReasonNotSynced: the agent's informers have not synced (the API
-	// server is unreachable, or denies the agent its lists); the kernel
-	// keeps the rules it holds until they do.
-	ReasonNotSynced = "InformersNotSynced"
-	// ReasonSettingsUnresolved: the spec's settings do not resolve on
-	// this node (nodePortAddresses: primary and the Node has no InternalIP
-	// yet, say); the agent keeps the rules it runs with until they do.
-	ReasonSettingsUnresolved = "SettingsUnresolved"
-	// ReasonAsExpected: nothing is wrong.
-	ReasonAsExpected = "AsExpected"
-	// Failure reasons of a switch (besides those of package facts:
-	// ModuleMissing, ModuleUnknown, ModuleLoadFailed, CapabilityMissing,
-	// UnsupportedMode).
-	ReasonProgrammingFailed  = "ProgrammingFailed"
-	ReasonVerificationFailed = "VerificationFailed"
-	ReasonCleanupFailed      = "CleanupFailed"
-	ReasonKubeProxyLeftovers = "KubeProxyCleanupFailed"
 )
 
 // Switch is the switcher's side of the status.
@@ -227,7 +194,7 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 		set = append(set, ready, degraded)
 	}
 	if p := r.problem; p.reason != "" && sw.Phase != v1alpha1.NodeFailed {
-		set = append(set, metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message})
+		set = append(set, metav1.Condition{Type: contract.ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message})
 	}
 	for _, c := range set {
 		// A message the API server refuses would freeze the status.
@@ -240,16 +207,16 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 
 // conditions derives Ready and Degraded.
 func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
-	ready = metav1.Condition{Type: ConditionReady}
-	degraded = metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected, Message: "nothing to report"}
+	ready = metav1.Condition{Type: contract.ConditionReady}
+	degraded = metav1.Condition{Type: contract.ConditionDegraded, Status: metav1.ConditionFalse, Reason: contract.ReasonAsExpected, Message: "nothing to report"}
 	syncErr := s != nil && s.Err != nil
 	switch sw.Phase {
 	case v1alpha1.NodeActive:
 		if syncErr {
-			ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSyncFailed
+			ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSyncFailed
 			ready.Message = fmt.Sprintf("%s serves, but its last sync failed (the kernel keeps the last good rules): %v", sw.Active, s.Err)
 		} else {
-			ready.Status, ready.Reason = metav1.ConditionTrue, ReasonActive
+			ready.Status, ready.Reason = metav1.ConditionTrue, contract.ReasonActive
 			ready.Message = fmt.Sprintf("%s serves and its rules are synced", sw.Active)
 		}
 	case v1alpha1.NodeFailed:
@@ -257,10 +224,10 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		ready.Message = sw.Message
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.Reason, sw.Message
 	case v1alpha1.NodeIdle:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoMode
+		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonNoMode
 		ready.Message = "no mode is desired (spec.desiredMode is empty) and none is programmed"
 	default:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSwitching
+		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSwitching
 		from := string(sw.Active)
 		if from == "" {
 			from = "no mode"
@@ -275,7 +242,7 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		case sw.WarningReason != "":
 			degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.WarningReason, sw.WarningMessage
 		case syncErr:
-			degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonSyncFailed
+			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonSyncFailed
 			degraded.Message = fmt.Sprintf("the last sync failed (the kernel keeps the last good rules): %v", s.Err)
 		}
 	}

@@ -21,8 +21,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/testenv"
 )
@@ -68,10 +67,8 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 		done <- agent.Run(ctx, kube, agent.Options{
 			NodeName: nodeName,
 			Mode:     v1alpha1.ModeNFTables,
-			Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
-				v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
-					return nftables.New(cfg, nftables.WithNetNSFd(lab.Node.NS.FD()))
-				},
+			Backends: map[v1alpha1.ProxyMode]backends.Factory{
+				v1alpha1.ModeNFTables: backends.Factories(backends.Env{NS: lab.Node.NS.NS()})[v1alpha1.ModeNFTables],
 			},
 			ClusterCIDRs:  []netip.Prefix{lab.Node.PodCIDR},
 			MasqueradeBit: 14,
@@ -79,7 +76,7 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 			SyncPeriod:    time.Minute,
 			MetricsAddr:   metrics,
 			HealthzAddr:   healthz,
-			NetNS:         lab.Node.NS.Handle,
+			NetNS:         lab.Node.NS.NS(),
 		})
 	}()
 	t.Cleanup(func() {

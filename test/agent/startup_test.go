@@ -21,11 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
-	"github.com/proxyshift/proxyshift/nodeagent/report"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/testenv"
 )
@@ -72,10 +71,8 @@ func (w *startWorld) run(t *testing.T, cfg *rest.Config) time.Time {
 		w.agentStopped <- agent.Run(ctx, kubernetes.NewForConfigOrDie(cfg), agent.Options{
 			NodeName: startNode,
 			Mode:     v1alpha1.ModeNFTables,
-			Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
-				v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
-					return nftables.New(cfg, nftables.WithNetNSFd(w.lab.Node.NS.FD()))
-				},
+			Backends: map[v1alpha1.ProxyMode]backends.Factory{
+				v1alpha1.ModeNFTables: backends.Factories(backends.Env{NS: w.lab.Node.NS.NS()})[v1alpha1.ModeNFTables],
 			},
 			ClusterCIDRs:  []netip.Prefix{w.lab.Node.PodCIDR},
 			MasqueradeBit: 14,
@@ -83,7 +80,7 @@ func (w *startWorld) run(t *testing.T, cfg *rest.Config) time.Time {
 			SyncPeriod:    time.Minute,
 			MetricsAddr:   w.metrics,
 			HealthzAddr:   w.hz,
-			NetNS:         w.lab.Node.NS.Handle,
+			NetNS:         w.lab.Node.NS.NS(),
 			RESTConfig:    cfg,
 			SyncGrace:     time.Second,
 		})
@@ -134,7 +131,7 @@ func (w *startWorld) degraded(t *testing.T, status metav1.ConditionStatus, reaso
 		if err := w.env.Client.Get(context.Background(), client.ObjectKey{Name: startNode}, pn); err != nil {
 			t.Fatal(err)
 		}
-		last = meta.FindStatusCondition(pn.Status.Conditions, report.ConditionDegraded)
+		last = meta.FindStatusCondition(pn.Status.Conditions, contract.ConditionDegraded)
 		if last != nil && last.Status == status && (reason == "" || last.Reason == reason) &&
 			!slices.ContainsFunc(msg, func(m string) bool { return !strings.Contains(last.Message, m) }) {
 			return last
@@ -189,7 +186,7 @@ func TestAgentWaitsForItsListsAndSaysSo(t *testing.T) {
 
 	started := w.run(t, cfg)
 	w.livezWithin(t, started, time.Second)
-	c := w.degraded(t, metav1.ConditionTrue, report.ReasonNotSynced, "the first list of Services", "keep serving")
+	c := w.degraded(t, metav1.ConditionTrue, contract.ReasonNotSynced, "the first list of Services", "keep serving")
 	t.Logf("Degraded while the list is denied: %s", c.Message)
 	if code, body := get("http://" + w.hz + "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "Services") {
 		t.Errorf("/healthz while the Services list is denied: %d %q; want 503 naming Services", code, body)
@@ -217,7 +214,7 @@ func TestAgentWaitsForSettingsThatResolve(t *testing.T) {
 	ctx := context.Background()
 	started := w.run(t, w.env.Config)
 	w.livezWithin(t, started, time.Second)
-	c := w.degraded(t, metav1.ConditionTrue, report.ReasonSettingsUnresolved, "has no InternalIP", "keep serving")
+	c := w.degraded(t, metav1.ConditionTrue, contract.ReasonSettingsUnresolved, "has no InternalIP", "keep serving")
 	t.Logf("Degraded while the settings do not resolve: %s", c.Message)
 	w.running(t)
 

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	proxyv1alpha1 "github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
@@ -57,13 +58,13 @@ func TestLongErrorsNeverFreezeStatus(t *testing.T) {
 				t.Errorf("condition %s message is %d bytes, more than %d", c.Type, len(c.Message), text.MaxMessage)
 			}
 		}
-		return meta.FindStatusCondition(pn.Status.Conditions, report.ConditionDegraded)
+		return meta.FindStatusCondition(pn.Status.Conditions, contract.ConditionDegraded)
 	}
 
 	t.Run("thousands of foreign virtual services", func(t *testing.T) {
 		r.SetSync(report.Sync{Time: time.Now(), Err: &ipvs.ConflictError{Keys: keys}})
 		d := degraded(t)
-		if d == nil || d.Reason != report.ReasonSyncFailed || !strings.Contains(d.Message, "5000 virtual services") ||
+		if d == nil || d.Reason != contract.ReasonSyncFailed || !strings.Contains(d.Message, "5000 virtual services") ||
 			!strings.Contains(d.Message, keys[0]) || !strings.Contains(d.Message, "and 4990 more") {
 			t.Errorf("Degraded %+v; want SyncFailed with the count, the first keys and how many more", d)
 		}
