@@ -10,9 +10,9 @@
 //   - controllers/plan: the planner, plan.Plan(config, other configs, nodes,
 //     ProxyNodes, now) -> ProxyNodes to create/update, the status, events,
 //     and when to look again. Pure; table- and simulation-tested.
-//   - controllers/preflight: what each mode needs from a node's kernel
-//     (preflight.Problems, preflight.RequiredModules). No controller
-//     dependencies, so the agent can share it.
+//   - controllers/preflight: checks a node's kernel facts against what a
+//     mode needs (preflight.Problems). What a mode needs, and the rest of
+//     what the operator and the agent agree on, is api/contract.
 //
 // # A rollout's memory lives in the API
 //
@@ -105,7 +105,8 @@
 // the move it undoes: the previous spec's, or generation 0 for "what ran
 // before proxyshift"), and reports status.observedConfig = that configRef
 // with activeMode and phase when done. Health is read from conditions
-// Ready and Degraded (plan.NodeConditionReady, plan.NodeConditionDegraded).
+// Ready and Degraded (contract.ConditionReady, contract.ConditionDegraded;
+// the rule is contract.Healthy).
 //
 // # Writes
 //
@@ -129,12 +130,17 @@
 package controllers
 
 // The operator's permissions, rendered into config/rbac/operator by
-// `make manifests`. It writes ProxyConfig status and ProxyNode spec only,
-// reads Nodes, and records Events.
+// `make manifests`; config/rbac/README.md says what uses each verb. It
+// lists and watches ProxyConfigs, ProxyNodes and Nodes (the manager's
+// cache serves every get), writes ProxyConfig status and ProxyNodes,
+// records Events (events.k8s.io), and checks the tokens that scrape its
+// metrics (TokenReviews, SubjectAccessReviews). Leader election's Lease
+// and its Events are a Role in its own namespace (config/rbac).
 //
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs,verbs=get;list;watch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs,verbs=list;watch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs/status,verbs=update
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

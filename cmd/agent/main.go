@@ -11,7 +11,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,18 +26,9 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
-	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
-
-// netnsFd is the node's network namespace (--netns) for the backends; 0
-// means the agent's own.
-var netnsFd int
 
 // hiddenFlags are for tests and left out of -help.
 var hiddenFlags = map[string]bool{"netns": true, "test-stop-at-phase": true, "test-fail-verify": true}
@@ -79,29 +69,8 @@ func main() {
 	flag.Parse()
 
 	opts := agent.Options{
-		NodeName: *nodeName,
-		Mode:     v1alpha1.ProxyMode(*mode),
-		Backends: map[v1alpha1.ProxyMode]agent.BackendFactory{
-			v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
-				return nftables.New(cfg, nftables.WithNetNSFd(netnsFd))
-			},
-			v1alpha1.ModeIPTables: func(cfg dataplane.NodeConfig) (dataplane.Backend, error) {
-				return iptables.New(cfg, iptables.WithNetNSFd(netnsFd))
-			},
-		},
-		SettingsBackends: map[v1alpha1.ProxyMode]func(dataplane.NodeConfig, v1alpha1.ProxySettings) (dataplane.Backend, error){
-			v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
-				settings, err := ipvs.SettingsOptions(s.IPVS)
-				if err != nil {
-					return nil, err
-				}
-				return ipvs.New(cfg, append(settings, ipvs.WithNetNSFd(netnsFd),
-					ipvs.WithModuleLoader(&kmod.Kernel{ModulesDir: *modulesDir, ProcModules: *procModules, SysModule: *sysModule}))...)
-			},
-		},
-		IPTablesFacts: func(ctx context.Context) []v1alpha1.IPTablesBackend {
-			return iptables.KernelFacts(ctx, iptables.WithNetNSFd(netnsFd))
-		},
+		NodeName:          *nodeName,
+		Mode:              v1alpha1.ProxyMode(*mode),
 		NodePortAddresses: splitList(*nodePortAddresses),
 		MasqueradeAll:     *masqueradeAll,
 		MasqueradeBit:     *masqueradeBit,
@@ -120,8 +89,9 @@ func main() {
 			klog.ErrorS(err, "Cannot open the network namespace", "netns", *netnsName)
 			os.Exit(1)
 		}
-		netnsFd, opts.NetNS = int(h), h
+		opts.NetNS = nsexec.NS(h)
 	}
+	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, Kernel: &opts.Kernel})
 	if *doCleanup {
 		os.Exit(runCleanup(opts))
 	}
@@ -141,11 +111,14 @@ func run(kubeconfig string, followProxyNode bool, opts agent.Options, clusterCID
 		return fmt.Errorf("--test-stop-at-phase must be Preparing, Programming, Verifying or CleaningUp, got %q", opts.TestStopAtPhase)
 	}
 	for _, s := range splitList(clusterCIDRs) {
-		p, err := netip.ParsePrefix(s)
+		p, err := v1alpha1.CIDR(s).Parse()
 		if err != nil {
-			return fmt.Errorf("--cluster-cidr: %q is not a CIDR", s)
+			return fmt.Errorf("--cluster-cidr: %w", err)
 		}
-		opts.ClusterCIDRs = append(opts.ClusterCIDRs, p.Masked())
+		opts.ClusterCIDRs = append(opts.ClusterCIDRs, p)
+	}
+	if err := agent.ValidNodePortAddresses(opts.NodePortAddresses); err != nil {
+		return fmt.Errorf("--nodeport-addresses: %w", err)
 	}
 	var cfg *rest.Config
 	var err error
@@ -169,55 +142,22 @@ func run(kubeconfig string, followProxyNode bool, opts agent.Options, clusterCID
 	return agent.Run(ctx, client, opts)
 }
 
-// runCleanup removes everything proxyshift owns: first through each
-// backend (which knows its objects exactly), then by name everywhere they
-// can be. It prints one line per removed object.
+// runCleanup removes everything proxyshift owns (agent.Cleanup) and
+// prints one line per removed object.
 func runCleanup(opts agent.Options) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ns := nsexec.Current
-	if opts.NetNS > 0 {
-		ns = nsexec.NS(int(opts.NetNS))
+	rep := agent.Cleanup(ctx, opts)
+	for _, n := range rep.Notes {
+		fmt.Fprintln(os.Stderr, n)
 	}
-	var removed []string
-	failed := false
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPVS, v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
-		cfg := dataplane.NodeConfig{NodeName: opts.NodeName, MasqueradeBit: opts.MasqueradeBit}
-		var b dataplane.Backend
-		var err error
-		if f, ok := opts.SettingsBackends[m]; ok {
-			b, err = f(cfg, v1alpha1.ProxySettings{})
-		} else if f, ok := opts.Backends[m]; ok {
-			b, err = f(cfg)
-		} else {
-			continue
-		}
-		if err != nil {
-			// Its tools or kernel parts are missing here: it cannot have
-			// programmed anything; the sweep below still looks by name.
-			fmt.Fprintf(os.Stderr, "%s: skipped (%v)\n", m, err)
-			continue
-		}
-		lines, err := b.Cleanup(ctx)
-		removed = append(removed, lines...)
-		if err != nil {
-			failed = true
-			fmt.Fprintf(os.Stderr, "%s: %v\n", m, err)
-		}
-	}
-	lines, err := (&cleanup.Sweeper{NS: ns}).Remove(ctx, cleanup.Proxyshift)
-	removed = append(removed, lines...)
-	if err != nil {
-		failed = true
-		fmt.Fprintf(os.Stderr, "%v\n", err)
-	}
-	for _, l := range removed {
+	for _, l := range rep.Removed {
 		fmt.Printf("removed %s\n", l)
 	}
-	if len(removed) == 0 {
+	if len(rep.Removed) == 0 {
 		fmt.Println("nothing of proxyshift's was found on this node")
 	}
-	if failed {
+	if rep.Incomplete {
 		fmt.Fprintln(os.Stderr, "cleanup incomplete: see the errors above; run it again once fixed")
 		return 1
 	}

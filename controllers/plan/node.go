@@ -7,6 +7,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
@@ -42,7 +43,7 @@ func Converged(pn *v1alpha1.ProxyNode) bool {
 	if *st.ObservedConfig != *s.ConfigRef || st.ActiveMode != s.DesiredMode || st.Phase != v1alpha1.NodeActive {
 		return false
 	}
-	ok, _ := Healthy(&pn.Status)
+	ok, _ := contract.Healthy(&pn.Status)
 	return ok
 }
 
@@ -51,30 +52,6 @@ func Converged(pn *v1alpha1.ProxyNode) bool {
 // and count against maxUnavailable.
 func InTransition(pn *v1alpha1.ProxyNode) bool {
 	return pn.Spec.DesiredMode != "" && !Converged(pn)
-}
-
-// Healthy applies the node health rule: unhealthy when condition Ready is
-// False or condition Degraded is True. The reason quotes the condition.
-func Healthy(st *v1alpha1.ProxyNodeStatus) (bool, string) {
-	for _, c := range st.Conditions {
-		switch {
-		case c.Type == NodeConditionReady && c.Status == metav1.ConditionFalse,
-			c.Type == NodeConditionDegraded && c.Status == metav1.ConditionTrue:
-			return false, conditionText(c)
-		}
-	}
-	return true, ""
-}
-
-func conditionText(c metav1.Condition) string {
-	s := fmt.Sprintf("condition %s is %s", c.Type, c.Status)
-	if c.Reason != "" {
-		s += " (" + c.Reason + ")"
-	}
-	if c.Message != "" {
-		s += ": " + c.Message
-	}
-	return s
 }
 
 // sameContent says whether a ProxyNode spec already asks for this mode with
@@ -103,14 +80,14 @@ func failure(pn *v1alpha1.ProxyNode, timeout time.Duration, now time.Time) (bool
 		// The agent acted on this spec: believe what it says.
 		if st.Phase == v1alpha1.NodeFailed {
 			why := fmt.Sprintf("agent reported phase Failed switching to %s", s.DesiredMode)
-			if _, c := Healthy(st); c != "" {
+			if _, c := contract.Healthy(st); c != "" {
 				why += ": " + c
 			} else if m := firstFalseMessage(st.Conditions); m != "" {
 				why += ": " + m
 			}
 			return true, why, deadline
 		}
-		if ok, why := Healthy(st); !ok {
+		if ok, why := contract.Healthy(st); !ok {
 			return true, why, deadline
 		}
 		if st.Phase == v1alpha1.NodeActive && st.ActiveMode != s.DesiredMode {
@@ -126,8 +103,8 @@ func failure(pn *v1alpha1.ProxyNode, timeout time.Duration, now time.Time) (bool
 
 func firstFalseMessage(cs []metav1.Condition) string {
 	for _, c := range cs {
-		if c.Status == metav1.ConditionFalse || c.Type == NodeConditionDegraded && c.Status == metav1.ConditionTrue {
-			return conditionText(c)
+		if c.Status == metav1.ConditionFalse || c.Type == contract.ConditionDegraded && c.Status == metav1.ConditionTrue {
+			return contract.ConditionText(c)
 		}
 	}
 	return ""

@@ -11,10 +11,12 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
@@ -170,7 +172,7 @@ func (s *sim) runAgents() {
 		switch {
 		case a.failOn[spec.DesiredMode]:
 			st.Phase = v1alpha1.NodeFailed
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: NodeConditionReady, Status: metav1.ConditionFalse,
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: contract.ConditionReady, Status: metav1.ConditionFalse,
 				Reason: "VerifyFailed", Message: "probe of service 10.0.0.1:80 failed"})
 		case a.fallback != "":
 			st.Phase = v1alpha1.NodeActive
@@ -178,7 +180,7 @@ func (s *sim) runAgents() {
 		default:
 			st.Phase = v1alpha1.NodeActive
 			st.ActiveMode = spec.DesiredMode
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: NodeConditionReady, Status: metav1.ConditionTrue, Reason: "Synced"})
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: contract.ConditionReady, Status: metav1.ConditionTrue, Reason: "Synced"})
 		}
 	}
 }
@@ -251,7 +253,7 @@ func (s *sim) inTransition(c *v1alpha1.ProxyConfig) (int, int) {
 	}
 	selected, inTrans := 0, 0
 	for _, n := range s.nodes {
-		if n.Deleting || !sel.Matches(labelsSet(n.Labels)) {
+		if n.Deleting || !sel.Matches(labels.Set(n.Labels)) {
 			continue
 		}
 		selected++
@@ -287,7 +289,7 @@ func (s *sim) conflicting(c *v1alpha1.ProxyConfig, n Node) bool {
 		if o.Name == c.Name {
 			continue
 		}
-		if sel, err := Selector(o); err == nil && sel.Matches(labelsSet(n.Labels)) {
+		if sel, err := Selector(o); err == nil && sel.Matches(labels.Set(n.Labels)) {
 			return true
 		}
 	}
@@ -375,8 +377,8 @@ func autoRollback(b bool) func(*v1alpha1.ProxyConfig) {
 	return func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.AutoRollback = ptr.To(b) }
 }
 
-func selector(lbl map[string]string) func(*v1alpha1.ProxyConfig) {
-	return func(c *v1alpha1.ProxyConfig) { c.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: lbl} }
+func selector(lbl map[string]v1alpha1.LabelValue) func(*v1alpha1.ProxyConfig) {
+	return func(c *v1alpha1.ProxyConfig) { c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: lbl} }
 }
 
 // steps advances the world n steps (and the clock), whatever happens.

@@ -10,7 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 )
+
+// maxFailedReason bounds each status.failedNodes reason (an agent's
+// message): twenty of them stay a small status.
+const maxFailedReason = 512
 
 // progressingTrue are the stages in which nodes are being moved.
 var progressingTrue = map[string]bool{
@@ -18,80 +23,88 @@ var progressingTrue = map[string]bool{
 	ReasonWaitingForNodes: true, ReasonRollingBack: true,
 }
 
-// finish writes the status: counts, failed nodes, conditions; the events
-// that follow from comparing it with the previous status; and the requeue.
-func (p *planner) finish() {
-	st := &p.res.Status
-	st.Phase = p.phase
+// finish turns the pass's outcome into the result: the status (counts,
+// failed nodes, conditions), the writes, the events (those of the outcome,
+// then those that follow from comparing the status with the previous
+// one), and the requeue.
+func (p *pass) finish(o outcome) Result {
+	o = p.sideDegraded(o)
+	res := Result{Create: o.create, Delete: o.delete, Update: o.update, Events: o.events}
+	st := &res.Status
+	st.ObservedGeneration = p.cfg.Generation
+	st.TargetMode = p.cfg.Spec.Mode
+	if p.pol.selector != nil {
+		st.Selector = p.pol.selector.String()
+	}
+	st.Phase = o.phase
+	st.StartTime, st.CompletionTime = o.start, o.completion
 	mode := p.cfg.Spec.Mode
 
 	updated := 0
-	for _, n := range p.nodes {
+	for _, n := range p.sel.nodes {
 		if n.atTarget && n.converged {
 			updated++
 			if n.member && !n.rolledBack {
-				p.res.Updated = append(p.res.Updated, n.name)
+				res.Updated = append(res.Updated, n.name)
 			}
 		}
 	}
 	st.Nodes = v1alpha1.NodeCounts{
-		Selected: int32(p.selected),
+		Selected: int32(p.sel.selected),
 		Updated:  int32(updated),
-		Ready:    int32(p.ready),
-		Failed:   int32(len(p.failed)),
-		Summary:  fmt.Sprintf("%d/%d", updated, p.selected),
+		Ready:    int32(p.sel.ready),
+		Failed:   int32(len(o.failed)),
+		Summary:  fmt.Sprintf("%d/%d", updated, p.sel.selected),
 	}
 
 	// Failed nodes, sorted by name, at most MaxFailedNodes.
 	var failedNames []string
-	for name := range p.failed {
+	for name := range o.failed {
 		failedNames = append(failedNames, name)
 	}
 	sort.Strings(failedNames)
-	st.FailedNodes = nil
 	for i, name := range failedNames {
 		if i == v1alpha1.MaxFailedNodes {
 			break
 		}
-		st.FailedNodes = append(st.FailedNodes, v1alpha1.FailedNode{Name: name, Reason: p.failed[name].reason})
+		st.FailedNodes = append(st.FailedNodes, v1alpha1.FailedNode{Name: name, Reason: text.Cut(o.failed[name].reason, maxFailedReason)})
 	}
-	p.nodeFailedEvents(failedNames)
+	res.Events = append(res.Events, p.nodeFailedEvents(failedNames, o.failed)...)
 
 	// Conditions.
-	counts := fmt.Sprintf("%d/%d selected nodes run %s", updated, p.selected, mode)
+	counts := fmt.Sprintf("%d/%d selected nodes run %s", updated, p.sel.selected, mode)
 	var ready metav1.Condition
-	if p.selected > 0 && updated == p.selected && p.stage != ReasonInvalidSpec {
+	if p.sel.selected > 0 && updated == p.sel.selected && o.stage != ReasonInvalidSpec {
 		ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAllNodesUpdated,
-			Message: fmt.Sprintf("all %d selected nodes run %s", p.selected, mode)}
+			Message: fmt.Sprintf("all %d selected nodes run %s", p.sel.selected, mode)}
 	} else {
-		reason := p.stage
+		reason := o.stage
 		switch reason {
 		case ReasonCanary, ReasonRollingOut, ReasonWaitingForNodes:
 			reason = ReasonInProgress
 		case ReasonCompleted:
-			reason = p.degraded
+			reason = o.degraded
 			if reason == "" {
 				reason = ReasonNodeUnhealthy
 			}
 		}
 		msg := counts
-		if p.stageMsg != "" {
-			msg += "; " + p.stageMsg
+		if o.stageMsg != "" {
+			msg += "; " + o.stageMsg
 		}
 		ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
 	}
-	prog := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: p.stage, Message: p.stageMsg}
-	if progressingTrue[p.stage] {
+	prog := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: o.stage, Message: o.stageMsg}
+	if progressingTrue[o.stage] {
 		prog.Status = metav1.ConditionTrue
 	}
 	deg := metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected, Message: "no failed or conflicting nodes"}
-	if p.degraded != "" {
-		deg = metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.degraded, Message: p.degMsg}
+	if o.degraded != "" {
+		deg = metav1.Condition{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionTrue, Reason: o.degraded, Message: o.degMsg}
 	}
-	st.Conditions = nil
 	for _, c := range []metav1.Condition{ready, prog, deg} {
 		c.ObservedGeneration = p.cfg.Generation
-		c.Message = truncate(c.Message, 2048)
+		c.Message = text.Cut(c.Message, text.MaxMessage)
 		c.LastTransitionTime = p.nowT
 		if old := meta.FindStatusCondition(p.prev.Conditions, c.Type); old != nil && old.Status == c.Status {
 			c.LastTransitionTime = old.LastTransitionTime
@@ -100,30 +113,52 @@ func (p *planner) finish() {
 	}
 
 	// Conflict events when the set of conflicting nodes changes.
-	if len(p.conflicts) > 0 {
-		txt := p.conflictText()
+	if len(p.sel.conflicts) > 0 {
+		txt := conflictText(p.sel.conflicts)
 		old := meta.FindStatusCondition(p.prev.Conditions, v1alpha1.ConditionDegraded)
 		if old == nil || !strings.Contains(old.Message, txt) {
-			p.event(true, EventConflict, "", txt)
+			res.Events = append(res.Events, Event{Warning: true, Reason: EventConflict, Message: txt})
 		}
 	}
 
 	// Look again when the earliest timeout or pause ends.
 	var next = p.now
-	for _, d := range p.deadlines {
+	for _, d := range o.deadlines {
 		if d.After(p.now) && (next.Equal(p.now) || d.Before(next)) {
 			next = d
 		}
 	}
 	if next.After(p.now) {
-		p.res.RequeueAfter = next.Sub(p.now) + 50*time.Millisecond // just past the deadline
+		res.RequeueAfter = next.Sub(p.now) + 50*time.Millisecond // just past the deadline
 	}
+	return res
 }
 
-// nodeFailedEvents records NodeFailed for node failures not in the
+// sideDegraded fills in the Degraded condition from conflicts and failing
+// nodes when the outcome did not set a stronger reason.
+func (p *pass) sideDegraded(o outcome) outcome {
+	if o.degraded == "" {
+		if failing := p.failing(); len(failing) > 0 {
+			o.degraded = ReasonNodeUnhealthy
+			o.degMsg = fmt.Sprintf("%d nodes are failing (%s)", len(failing), failedSummary(failing, o.failed))
+		}
+	}
+	if len(p.sel.conflicts) > 0 {
+		txt := conflictText(p.sel.conflicts)
+		if o.degraded == "" {
+			o.degraded = ReasonConflict
+			o.degMsg = txt
+		} else {
+			o.degMsg += "; " + txt
+		}
+	}
+	return o
+}
+
+// nodeFailedEvents are NodeFailed events for node failures not in the
 // previous status. The previous list is sorted and cut at MaxFailedNodes,
 // so a name after its last entry may simply have been cut: skip those.
-func (p *planner) nodeFailedEvents(failedNames []string) {
+func (p *pass) nodeFailedEvents(failedNames []string, failed map[string]failedEntry) []Event {
 	prev := map[string]bool{}
 	last := ""
 	for _, f := range p.prev.FailedNodes {
@@ -133,18 +168,13 @@ func (p *planner) nodeFailedEvents(failedNames []string) {
 		}
 	}
 	full := len(p.prev.FailedNodes) >= v1alpha1.MaxFailedNodes
+	var events []Event
 	for _, name := range failedNames {
-		f := p.failed[name]
+		f := failed[name]
 		if f.preflight || prev[name] || (full && name > last) {
 			continue
 		}
-		p.event(true, EventNodeFailed, name, fmt.Sprintf("node %s failed: %s", name, f.reason))
+		events = append(events, Event{Warning: true, Reason: EventNodeFailed, Node: name, Message: fmt.Sprintf("node %s failed: %s", name, f.reason)})
 	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
+	return events
 }

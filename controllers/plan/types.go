@@ -37,14 +37,6 @@ const (
 	AnnotationPreviousConfig = "network.proxyshift.io/previous-config"
 )
 
-// Condition types the operator reads on a ProxyNode (written by the agent).
-// A node is healthy unless Ready is False or Degraded is True; a condition
-// that is absent says nothing. The agent should use these names.
-const (
-	NodeConditionReady    = "Ready"
-	NodeConditionDegraded = "Degraded"
-)
-
 // Reasons of the ProxyConfig conditions. Each says what a person can do.
 const (
 	ReasonInvalidSpec     = "InvalidSpec"      // fix the spec field named in the message

@@ -1,7 +1,6 @@
 package preflight
 
 import (
-	"reflect"
 	"strings"
 	"testing"
 
@@ -14,21 +13,6 @@ func mods(kv ...string) []v1alpha1.KernelModule {
 		out = append(out, v1alpha1.KernelModule{Name: kv[i], State: v1alpha1.ModuleState(kv[i+1])})
 	}
 	return out
-}
-
-func TestRequiredModules(t *testing.T) {
-	if got := RequiredModules(v1alpha1.ModeIPVS, nil); !reflect.DeepEqual(got, []string{"ip_vs", "ip_vs_rr", "nf_conntrack"}) {
-		t.Errorf("ipvs default: %v", got)
-	}
-	s := &v1alpha1.ProxySettings{IPVS: &v1alpha1.IPVSSettings{Scheduler: "wlc"}}
-	if got := RequiredModules(v1alpha1.ModeIPVS, s); !reflect.DeepEqual(got, []string{"ip_vs", "ip_vs_wlc", "nf_conntrack"}) {
-		t.Errorf("ipvs wlc: %v", got)
-	}
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
-		if got := RequiredModules(m, s); got != nil {
-			t.Errorf("%s: %v", m, got)
-		}
-	}
 }
 
 func TestProblems(t *testing.T) {

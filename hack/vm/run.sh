@@ -172,7 +172,7 @@ for pkg in "${packages[@]}"; do
 done
 if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
   log "benchmarks (TCG emulation: compare them with each other, not with the host):"
-  grep -E '^(Benchmark|    bench_test.go)' "$LOG" >&2 || log "no benchmark ran"
+  grep -E '^(Benchmark|    [a-z_]*bench_test.go)' "$LOG" >&2 || log "no benchmark ran"
 fi
 go build -o bin/testsummary ./hack/testsummary
 bin/testsummary < "$summary_input" || failed=1

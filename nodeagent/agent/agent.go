@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -18,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -31,10 +29,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -45,11 +44,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
 
-// BackendFactory builds a dataplane for the node's settings. It must not
-// touch the kernel: the agent builds backends to look at what the kernel
-// holds and to clean up, not only to program.
-type BackendFactory func(cfg dataplane.NodeConfig) (dataplane.Backend, error)
-
 // Options configure one agent.
 type Options struct {
 	// NodeName is the node this agent proxies for.
@@ -57,12 +51,9 @@ type Options struct {
 	// Mode is the dataplane to run when no ProxyNode says otherwise (a
 	// standalone agent, or a ProxyNode without spec.desiredMode).
 	Mode v1alpha1.ProxyMode
-	// Backends maps each supported mode to its constructor.
-	Backends map[v1alpha1.ProxyMode]BackendFactory
-	// SettingsBackends, for modes whose backend also takes the ProxyNode's
-	// spec.settings (the IPVS scheduler, strict ARP), take precedence over
-	// Backends. settings is empty when no ProxyNode sets them.
-	SettingsBackends map[v1alpha1.ProxyMode]func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (dataplane.Backend, error)
+	// Backends maps each supported mode to its constructor
+	// (backends.Factories).
+	Backends map[v1alpha1.ProxyMode]backends.Factory
 	// ClusterCIDRs are the pod networks (for masquerading decisions);
 	// ProxyNode spec.settings.clusterCIDRs overrides them.
 	ClusterCIDRs []netip.Prefix
@@ -78,11 +69,10 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
-	// NetNS, if a namespace handle (> 0), is the network namespace of the
-	// node: its addresses are the node's, and facts, probes, conntrack and
-	// cleanup work there (the backends get their own namespace option from
-	// Backends). Zero or -1 means the agent's own namespace.
-	NetNS netns.NsHandle
+	// NetNS is the network namespace of the node: its addresses are the
+	// node's, and facts, probes, conntrack and cleanup work there (the
+	// backends get it from Backends). The zero value is the agent's own.
+	NetNS nsexec.NS
 
 	// RESTConfig, when set, makes the agent follow its ProxyNode (named
 	// NodeName): spec.desiredMode and spec.settings, and write its status.
@@ -91,13 +81,14 @@ type Options struct {
 	// Kernel is where kernel modules are probed and loaded from (zero:
 	// the running kernel's /proc/modules, /lib/modules, /sys/module).
 	Kernel kmod.Kernel
-	// IPTablesFacts, if set, reports the iptables backends for the kernel
-	// facts; nil runs the iptables-*-save tools.
-	IPTablesFacts func(ctx context.Context) []v1alpha1.IPTablesBackend
 	// AdoptKubeProxy removes kube-proxy's leftovers once the desired mode
 	// is programmed and verified: set it only on nodes taken over from
 	// kube-proxy, after kube-proxy stopped there.
 	AdoptKubeProxy bool
+	// SyncGrace is how long the informers' first list may take before
+	// the agent reports itself Degraded (default 15s); it waits for them
+	// however long it takes.
+	SyncGrace time.Duration
 	// FactsInterval is how often kernel facts are gathered again
 	// (default 1m).
 	FactsInterval time.Duration
@@ -112,7 +103,11 @@ type Options struct {
 }
 
 // Run starts the agent and blocks until ctx ends or startup fails. It never
-// removes programmed rules on its way out: the kernel keeps serving.
+// removes programmed rules on its way out: the kernel keeps serving. Only a
+// wrong configuration (no node name, an unsupported mode) or a kernel it
+// cannot read makes it return early; the API server being away, or the
+// spec's settings not resolving on this node yet, make it wait (see
+// startup.go).
 func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.NodeName == "" {
 		return errors.New("the node name is not set: pass --node-name or set NODE_NAME")
@@ -120,24 +115,45 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if !slices.Contains(opts.modes(), opts.Mode) && opts.Mode != "" {
 		return fmt.Errorf("mode %q is not supported by this agent (supported: %v)", opts.Mode, opts.modes())
 	}
-	ns := nsexec.Current
-	if opts.NetNS > 0 {
-		ns = nsexec.NS(int(opts.NetNS))
+	ns := opts.NetNS
+
+	// Health and metrics first: /livez answers while the rest starts.
+	healthTimeout := 2 * opts.SyncPeriod
+	if healthTimeout < time.Minute {
+		healthTimeout = time.Minute
+	}
+	hs := &health{timeout: healthTimeout}
+	hs.wait("informers starting")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.HealthzAddr != "" {
+		go serve(ctx, &http.Server{Addr: opts.HealthzAddr, Handler: hs.mux(), ReadHeaderTimeout: 5 * time.Second})
+	}
+	if opts.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		go serve(ctx, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
 	}
 
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
 	}))
-	tracker := model.NewTracker(opts.NodeName, func(err error) {
-		klog.ErrorS(err, "Skipped a malformed part of a Service or EndpointSlice; the rest is programmed")
-	})
+	refusals := newRefusalReporter(ctx, client, factory.Core().V1().Services().Lister(), opts.NodeName)
+	tracker := model.NewTracker(opts.NodeName, refusals.report)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "proxyshift_refused_external_addresses",
+		Help: "External addresses (externalIPs, load-balancer IPs) of Services not routed because another Service's cluster IP, the node, or an earlier Service owns them.",
+	}, func() float64 { return float64(tracker.Refused()) }))
 	if err := wireTracker(factory, tracker); err != nil {
 		return err
 	}
+	a := &agentState{opts: opts, ns: ns, tracker: tracker, kick: make(chan struct{}, 1)}
 	nodeInformer := nodeFactory.Core().V1().Nodes()
-	nodeLister := nodeInformer.Lister()
-	nodeInformer.Informer() // register before Start
+	a.nodeLister = nodeInformer.Lister()
+	if _, err := nodeInformer.Informer().AddEventHandler(a.handler()); err != nil {
+		return err
+	}
 
 	var pnClient *report.Client
 	var pnInformer cache.SharedIndexInformer
@@ -147,49 +163,55 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 			return err
 		}
 		pnInformer = cache.NewSharedIndexInformer(pnClient.ListWatch(opts.NodeName), &v1alpha1.ProxyNode{}, 0, cache.Indexers{})
+		a.pnStore = pnInformer.GetStore()
+		if _, err := pnInformer.AddEventHandler(a.handler()); err != nil {
+			return err
+		}
 	}
 	reporter := report.New(pnClient, opts.NodeName)
 	if opts.StatusSyncInterval > 0 {
 		reporter.SyncEvery = opts.StatusSyncInterval
 	}
-	startPN := reporter.Start(ctx)
+	go reporter.Run(ctx)
 
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
+	waitFor := []informer{
+		{"Services", factory.Core().V1().Services().Informer().HasSynced},
+		{"EndpointSlices", factory.Discovery().V1().EndpointSlices().Informer().HasSynced},
+		{"its Node", nodeInformer.Informer().HasSynced},
+	}
 	if pnInformer != nil {
 		go pnInformer.Run(ctx.Done())
+		waitFor = append(waitFor, informer{"its ProxyNode", pnInformer.HasSynced})
 	}
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("informer cache for %v did not sync", typ)
-		}
+	grace := opts.SyncGrace
+	if grace <= 0 {
+		grace = 15 * time.Second
 	}
-	nodeFactory.WaitForCacheSync(ctx.Done())
-	if pnInformer != nil && !cache.WaitForCacheSync(ctx.Done(), pnInformer.HasSynced) {
-		return errors.New("informer cache for ProxyNodes did not sync")
+	if !waitSynced(ctx, reporter, hs, grace, waitFor...) {
+		return nil
 	}
 
-	a := &agentState{opts: opts, ns: ns, nodeLister: nodeLister}
-	if pnInformer != nil {
-		a.pnStore = pnInformer.GetStore()
-	}
 	// A switch that failed for the ProxyNode's current generation, as the
 	// previous agent reported it, is not retried until the spec changes;
 	// one that was interrupted is finished.
+	startPN := a.proxyNode()
+	reporter.Seed(startPN)
 	if startPN != nil {
 		st := startPN.Status
-		if c := meta.FindStatusCondition(st.Conditions, report.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
+		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
 			a.heldGen, a.held = startPN.Generation, true
 			a.heldReason, a.heldMessage = c.Reason, c.Message
 		}
 		a.resume = switcher.Switching(st.Phase)
 	}
-	if err := a.resolve(); err != nil {
-		return err
+	if !a.resolveFirst(ctx, reporter, hs) {
+		return nil
 	}
 
 	fanout := switcher.NewFanout()
-	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, IPTables: opts.IPTablesFacts, Settings: fanout}
+	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		if !conntrack.HasUDPChange(changed, full) {
@@ -225,8 +247,6 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		return fmt.Errorf("read what the kernel holds: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := syncloop.NewMetrics(reg)
 	reg.MustRegister(phases.phase)
 	regather := newServingWatch()
@@ -239,49 +259,10 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	loops.start(ctx, a.current().sync)
 	defer loops.stop()
 	a.loops = loops
+	hs.started(loops)
 
-	if pnInformer != nil {
-		if _, err := pnInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { a.onChange(ctx) },
-			UpdateFunc: func(_, _ any) { a.onChange(ctx) },
-			DeleteFunc: func(any) { a.onChange(ctx) },
-		}); err != nil {
-			return err
-		}
-	}
-	go reporter.Run(ctx)
-	go gatherFacts(ctx, gatherer, reporter, a, opts.FactsInterval, regather.kick)
-
-	healthTimeout := 2 * opts.SyncPeriod
-	if healthTimeout < time.Minute {
-		healthTimeout = time.Minute
-	}
-	servers := []*http.Server{}
-	if opts.HealthzAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if err := loops.healthy(healthTimeout); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ok\n"))
-		})
-		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		servers = append(servers, &http.Server{Addr: opts.HealthzAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
-	}
-	if opts.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		servers = append(servers, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
-	}
-	for _, srv := range servers {
-		l, err := net.Listen("tcp", srv.Addr)
-		if err != nil {
-			return fmt.Errorf("listen on %s: %w", srv.Addr, err)
-		}
-		go func() { _ = srv.Serve(l) }()
-		defer srv.Close()
-	}
+	go a.follow(ctx, reporter)
+	go gatherFacts(ctx, gatherer, reporter, opts.FactsInterval, regather.kick)
 
 	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "desired", a.current().desire.Mode, "nodePortIPs", a.current().cfg.NodeIPs, "followsProxyNode", pnInformer != nil)
 	return sw.Run(ctx, st, step)
@@ -289,12 +270,12 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 
 // gatherFacts reports the kernel facts now, every interval and whenever
 // kick receives; the reporter writes them only when they changed.
-func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, a *agentState, interval time.Duration, kick <-chan struct{}) {
+func gatherFacts(ctx context.Context, g *facts.Gatherer, r *report.Reporter, interval time.Duration, kick <-chan struct{}) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
 	for {
-		r.SetKernel(g.Gather(ctx, a.current().desire.Scheduler))
+		r.SetKernel(g.Gather(ctx))
 		select {
 		case <-ctx.Done():
 			return
@@ -371,13 +352,12 @@ func unwrapDeleted(o any) any {
 	return o
 }
 
-// localAddrs lists the addresses of the node's namespace (the current one
-// when ns is not a handle, see Options.NetNS).
-func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
+// localAddrs lists the addresses of the node's namespace.
+func localAddrs(ns nsexec.NS) ([]netip.Addr, error) {
 	h := &netlink.Handle{}
-	if ns > 0 {
+	if nh, ok := ns.Handle(); ok {
 		var err error
-		if h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE); err != nil {
+		if h, err = netlink.NewHandleAt(nh, unix.NETLINK_ROUTE); err != nil {
 			return nil, err
 		}
 		defer h.Close()
@@ -398,10 +378,8 @@ func localAddrs(ns netns.NsHandle) ([]netip.Addr, error) {
 // modes lists the modes the agent has a backend for.
 func (o *Options) modes() []v1alpha1.ProxyMode {
 	var modes []v1alpha1.ProxyMode
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		_, ok := o.Backends[m]
-		_, ok2 := o.SettingsBackends[m]
-		if ok || ok2 {
+	for _, m := range contract.Modes {
+		if _, ok := o.Backends[m]; ok {
 			modes = append(modes, m)
 		}
 	}

@@ -13,9 +13,12 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
 	"github.com/proxyshift/proxyshift/nodeagent/switcher"
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
@@ -27,8 +30,11 @@ type agentState struct {
 	ns         nsexec.NS
 	nodeLister corelisters.NodeLister
 	pnStore    cache.Store
+	tracker    *model.Tracker
 	sw         *switcher.Switcher
 	loops      *loopRunner
+	// kick receives when the Node or the ProxyNode changed.
+	kick chan struct{}
 
 	// held and heldGen: the previous agent reported the switch of this
 	// generation failed.
@@ -84,23 +90,17 @@ func (a *agentState) resolve() error {
 			settings = *pn.Spec.Settings.DeepCopy()
 		}
 	}
+	s, err := contract.Interpret(mode, &settings)
+	if err != nil {
+		return err
+	}
 	cidrs := o.ClusterCIDRs
-	if len(settings.ClusterCIDRs) > 0 {
-		cidrs = nil
-		for _, c := range settings.ClusterCIDRs {
-			p, err := netip.ParsePrefix(string(c))
-			if err != nil {
-				return fmt.Errorf("spec.settings.clusterCIDRs: %q is not a CIDR", c)
-			}
-			cidrs = append(cidrs, p.Masked())
-		}
+	if len(s.ClusterCIDRs) > 0 {
+		cidrs = s.ClusterCIDRs
 	}
 	npa := o.NodePortAddresses
-	if len(settings.NodePortAddresses) > 0 {
-		npa = nil
-		for _, s := range settings.NodePortAddresses {
-			npa = append(npa, string(s))
-		}
+	if len(s.NodePortAddresses) > 0 {
+		npa = s.NodePortAddresses
 	}
 	node, err := a.nodeLister.Get(o.NodeName)
 	if apierrors.IsNotFound(err) {
@@ -113,54 +113,30 @@ func (a *agentState) resolve() error {
 		return fmt.Errorf("list the node's addresses: %w", err)
 	}
 	nodeIPs, err := NodePortIPs(npa, node, local)
+	a.tracker.SetNodeAddrs(OwnAddrs(node, nodeIPs))
 	if err != nil {
 		return err
 	}
 	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
-	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
-	var modeSettings any
-	var sched v1alpha1.IPVSScheduler
-	parse := func(field string, d v1alpha1.Duration, into *time.Duration) error {
-		v, err := d.Parse(*into)
-		if err != nil {
-			return fmt.Errorf("spec.settings.%s: %w", field, err)
-		}
-		*into = v
-		return nil
+	if s.MasqueradeAll != nil {
+		cfg.MasqueradeAll = *s.MasqueradeAll
 	}
-	switch {
-	case mode == v1alpha1.ModeIPTables && settings.IPTables != nil:
-		s := settings.IPTables
-		modeSettings = s
-		cfg.MasqueradeAll = s.MasqueradeAll
-		if s.MasqueradeBit != nil {
-			cfg.MasqueradeBit = int(*s.MasqueradeBit)
-		}
-		if err := parse("iptables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
-			return err
-		}
-		if err := parse("iptables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
-			return err
-		}
-	case mode == v1alpha1.ModeNFTables && settings.NFTables != nil:
-		s := settings.NFTables
-		modeSettings = s
-		if err := parse("nftables.minSyncPeriod", s.MinSyncPeriod, &sc.MinSyncPeriod); err != nil {
-			return err
-		}
-		if err := parse("nftables.syncPeriod", s.SyncPeriod, &sc.SyncPeriod); err != nil {
-			return err
-		}
-	case mode == v1alpha1.ModeIPVS && settings.IPVS != nil:
-		modeSettings = settings.IPVS
-		sched = settings.IPVS.Scheduler
+	if s.MasqueradeBit != nil {
+		cfg.MasqueradeBit = *s.MasqueradeBit
+	}
+	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
+	if s.MinSyncPeriod != nil {
+		sc.MinSyncPeriod = *s.MinSyncPeriod
+	}
+	if s.SyncPeriod != nil {
+		sc.SyncPeriod = *s.SyncPeriod
 	}
 	key, _ := json.Marshal(struct {
 		Cfg  dataplane.NodeConfig
 		Mode any
-	}{cfg, modeSettings})
+	}{cfg, s.Section})
 	d := switcher.Desire{
-		Mode: mode, Key: string(key), Scheduler: sched, Config: ref, Generation: gen,
+		Mode: mode, Key: string(key), Scheduler: s.Scheduler, Config: ref, Generation: gen,
 		Held: a.held && gen == a.heldGen, Resume: a.resume,
 	}
 	if d.Held {
@@ -172,12 +148,72 @@ func (a *agentState) resolve() error {
 	return nil
 }
 
-// onChange follows a ProxyNode change.
-func (a *agentState) onChange(ctx context.Context) {
+// handler kicks the agent to follow a change of its Node or ProxyNode.
+func (a *agentState) handler() cache.ResourceEventHandler {
+	kick := func() {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { kick() },
+		UpdateFunc: func(_, _ any) { kick() },
+		DeleteFunc: func(any) { kick() },
+	}
+}
+
+// resolveFirst resolves the desire the agent starts with, waiting for a
+// Node or ProxyNode change (or retrying every 10 seconds) while it does
+// not resolve: the kernel keeps its rules meanwhile, and the agent says
+// why it waits (Degraded, /healthz). It returns false when ctx ends first.
+func (a *agentState) resolveFirst(ctx context.Context, r *report.Reporter, h *health) bool {
+	for {
+		err := a.resolve()
+		if err == nil {
+			r.SetProblem("", "")
+			return true
+		}
+		klog.ErrorS(err, "Cannot resolve this node's settings; the rules the kernel holds keep serving until they resolve")
+		r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the rules the kernel holds keep serving until they resolve")
+		h.wait("settings that resolve on this node (" + err.Error() + ")")
+		select {
+		case <-ctx.Done():
+			return false
+		case <-a.kick:
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// follow applies every Node and ProxyNode change until ctx ends. A spec
+// that does not resolve keeps the current one, is reported Degraded and
+// retried every 10 seconds until it resolves or changes.
+func (a *agentState) follow(ctx context.Context, r *report.Reporter) {
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		case <-retry:
+		}
+		retry = nil
+		if err := a.onChange(ctx); err != nil {
+			klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
+			r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the agent keeps running with the settings it had")
+			retry = time.After(10 * time.Second)
+			continue
+		}
+		r.SetProblem("", "")
+	}
+}
+
+// onChange follows a Node or ProxyNode change.
+func (a *agentState) onChange(ctx context.Context) error {
 	prev := a.current()
 	if err := a.resolve(); err != nil {
-		klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
-		return
+		return err
 	}
 	cur := a.current()
 	if cur.sync != prev.sync && a.loops != nil {
@@ -186,20 +222,17 @@ func (a *agentState) onChange(ctx context.Context) {
 	if a.sw != nil {
 		a.sw.SetDesire(cur.desire)
 	}
+	return nil
 }
 
 // backend builds mode's backend with the current settings.
 func (a *agentState) backend(mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
 	cur := a.current()
-	if f, ok := a.opts.SettingsBackends[mode]; ok {
-		b, err := f(cur.cfg, *cur.settings.DeepCopy())
-		return b, cur.desire.Key, err
-	}
 	f, ok := a.opts.Backends[mode]
 	if !ok {
 		return nil, "", fmt.Errorf("mode %q is not supported by this agent (supported: %v)", mode, a.opts.modes())
 	}
-	b, err := f(cur.cfg)
+	b, err := f(cur.cfg, *cur.settings.DeepCopy())
 	return b, cur.desire.Key, err
 }
 

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"syscall"
 
 	"github.com/google/nftables"
@@ -23,11 +22,7 @@ func (s *Sweeper) nft(names *Names, remove bool) (bool, []string, error) {
 	if names.NFTTable == nil {
 		return false, nil, nil
 	}
-	var opts []nftables.ConnOption
-	if !s.NS.IsCurrent() {
-		opts = append(opts, nftables.WithNetNSFd(int(s.NS)))
-	}
-	c, err := nftables.New(opts...)
+	c, err := nftables.New(nftables.WithNetNSFd(s.NS.FD()))
 	if err != nil {
 		return false, nil, fmt.Errorf("nftables: %w", err)
 	}
@@ -186,11 +181,7 @@ func (s *Sweeper) ipvs(names *Names, remove bool) (bool, []string, error) {
 	if len(owned) == 0 {
 		return false, nil, nil
 	}
-	path := ""
-	if !s.NS.IsCurrent() {
-		path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s.NS))
-	}
-	ih, err := ipvs.New(path)
+	ih, err := ipvs.New(s.NS.Path())
 	if err != nil {
 		return false, nil, fmt.Errorf("ipvs: %w", err)
 	}

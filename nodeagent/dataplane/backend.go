@@ -8,7 +8,6 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -50,11 +49,22 @@ type Counts struct {
 	Rules int
 }
 
+// Plus is c and o together.
+func (c Counts) Plus(o Counts) Counts {
+	return Counts{Services: c.Services + o.Services, Endpoints: c.Endpoints + o.Endpoints, Rules: c.Rules + o.Rules}
+}
+
+// Minus is c without o.
+func (c Counts) Minus(o Counts) Counts {
+	return Counts{Services: c.Services - o.Services, Endpoints: c.Endpoints - o.Endpoints, Rules: c.Rules - o.Rules}
+}
+
 // Backend is a service-proxy dataplane. Implementations own a fixed set of
 // kernel objects, named after proxyshift, and touch nothing else.
 type Backend interface {
-	// Mode is the proxy mode the backend implements.
-	Mode() v1alpha1.ProxyMode
+	// Mode is the proxy mode the backend implements, as the API names
+	// it (iptables, nftables, ipvs).
+	Mode() string
 	// Sync programs the model into the kernel in one atomic transaction
 	// per IP family. On error the kernel keeps its previous state.
 	Sync(ctx context.Context, req SyncRequest) (Counts, error)
@@ -72,12 +82,23 @@ type SettingsReporter interface {
 	// KernelSettings returns the settings the backend sets, each with the
 	// value the kernel holds ("" when it could not be read). On error the
 	// settings it could list are still returned.
-	KernelSettings() ([]v1alpha1.KernelSetting, error)
+	KernelSettings() ([]KernelSetting, error)
+}
+
+// KernelSetting is one kernel setting (sysctl) a backend sets.
+type KernelSetting struct {
+	// Name is the sysctl's name, e.g. net.ipv4.vs.conntrack.
+	Name string
+	// Want is the value the backend sets.
+	Want string
+	// Value is the value the kernel holds; empty when it could not be
+	// read (the setting does not exist yet, e.g. before ip_vs is loaded).
+	Value string
 }
 
 // KernelSettings returns the kernel settings b sets, read back: none for
 // a backend that is no SettingsReporter (or nil).
-func KernelSettings(b Backend) ([]v1alpha1.KernelSetting, error) {
+func KernelSettings(b Backend) ([]KernelSetting, error) {
 	r, ok := b.(SettingsReporter)
 	if !ok {
 		return nil, nil

@@ -21,16 +21,13 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
-
-// ReportedSchedulers are the IPVS schedulers whose modules are always
-// reported, besides the one the settings choose.
-var ReportedSchedulers = []v1alpha1.IPVSScheduler{"rr", "wrr", "sh"}
 
 // Gatherer reads the kernel facts of one node.
 type Gatherer struct {
@@ -40,7 +37,7 @@ type Gatherer struct {
 	// NS is the node's network namespace (nsexec.Current for the agent's).
 	NS nsexec.NS
 	// IPTables reports the iptables backends; nil asks the iptables
-	// dataplane (iptables.KernelFacts) in NS.
+	// dataplane (iptables.KernelFacts) in NS, read by IPTablesBackends.
 	IPTables func(ctx context.Context) []v1alpha1.IPTablesBackend
 	// IPVS says whether IPVS answers; nil probes the generic netlink
 	// family "IPVS".
@@ -51,25 +48,23 @@ type Gatherer struct {
 	Settings dataplane.SettingsReporter
 }
 
-// Gather reads the facts. Modules are those every mode needs (with the
-// IPVS schedulers in ReportedSchedulers plus scheduler) and the tables of
+// Gather reads the facts. Modules are those every mode needs, with every
+// IPVS scheduler's module (contract.Schedulers: the operator checks the
+// one a ProxyConfig asks for before it moves the node), and the tables of
 // both iptables backends; each is listed once, under the name the kernel
 // knows it by.
-func (g *Gatherer) Gather(ctx context.Context, scheduler v1alpha1.IPVSScheduler) v1alpha1.KernelFacts {
+func (g *Gatherer) Gather(ctx context.Context) v1alpha1.KernelFacts {
 	f := v1alpha1.KernelFacts{Version: Release()}
 	var names []string
-	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		mods, err := kmod.ModulesFor(m, scheduler)
-		if err != nil { // an unknown scheduler: report the default's modules
-			mods, _ = kmod.ModulesFor(m, kmod.DefaultScheduler)
-		}
+	for _, m := range contract.Modes {
+		mods, _ := contract.ModulesFor(m, contract.DefaultScheduler)
 		names = append(names, mods...)
 	}
-	for _, s := range ReportedSchedulers {
-		names = append(names, "ip_vs_"+string(s))
+	for _, s := range contract.Schedulers {
+		names = append(names, contract.SchedulerModule(s))
 	}
 	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
-		mods, _ := kmod.IPTablesBackendModules(string(v))
+		mods, _ := contract.IPTablesBackendModules(string(v))
 		names = append(names, mods...)
 	}
 	seen := map[string]bool{}
@@ -98,14 +93,39 @@ func (g *Gatherer) settings() []v1alpha1.KernelSetting {
 	if err != nil {
 		klog.ErrorS(err, "Could not read back every kernel setting of the serving mode")
 	}
-	return s
+	var out []v1alpha1.KernelSetting
+	for _, k := range s {
+		out = append(out, v1alpha1.KernelSetting{Name: k.Name, Want: k.Want, Value: k.Value})
+	}
+	return out
 }
 
 func (g *Gatherer) iptables(ctx context.Context) []v1alpha1.IPTablesBackend {
 	if g.IPTables != nil {
 		return g.IPTables(ctx)
 	}
-	return iptables.KernelFacts(ctx, iptables.WithNetNSFd(int(g.NS)))
+	return IPTablesBackends(iptables.KernelFacts(ctx, iptables.WithNetNS(g.NS)))
+}
+
+// IPTablesBackends describes what the iptables dataplane found of its
+// variants in the API's terms: Available is No when the tools are not
+// installed and Unknown when they fail; HasRules is Unknown unless
+// Available is Yes.
+func IPTablesBackends(variants []iptables.VariantFacts) []v1alpha1.IPTablesBackend {
+	var out []v1alpha1.IPTablesBackend
+	for _, v := range variants {
+		b := v1alpha1.IPTablesBackend{Name: string(v.Variant), Available: v1alpha1.CapabilityYes, HasRules: v1alpha1.CapabilityNo}
+		switch {
+		case !v.Installed:
+			b.Available, b.HasRules = v1alpha1.CapabilityNo, v1alpha1.CapabilityUnknown
+		case v.Err != nil:
+			b.Available, b.HasRules = v1alpha1.CapabilityUnknown, v1alpha1.CapabilityUnknown
+		case v.HoldsRules:
+			b.HasRules = v1alpha1.CapabilityYes
+		}
+		out = append(out, b)
+	}
+	return out
 }
 
 func (g *Gatherer) kernel() *kmod.Kernel {
@@ -129,11 +149,7 @@ func Release() string {
 // no such protocol or subsystem, Unknown for any other error (permission
 // denied, for one), with the reason.
 func (g *Gatherer) NFTables() (v1alpha1.Capability, string) {
-	var opts []nftables.ConnOption
-	if !g.NS.IsCurrent() {
-		opts = append(opts, nftables.WithNetNSFd(int(g.NS)))
-	}
-	c, err := nftables.New(opts...)
+	c, err := nftables.New(nftables.WithNetNSFd(g.NS.FD()))
 	if err == nil {
 		_, err = c.ListTablesOfFamily(nftables.TableFamilyIPv4)
 	}
@@ -161,22 +177,15 @@ func dedupe(in []string) []string {
 // Error is why a mode cannot run here, with a condition reason a person
 // can act on.
 type Error struct {
-	// Reason is ModuleMissing, ModuleUnknown, ModuleLoadFailed,
-	// CapabilityMissing or UnsupportedMode.
+	// Reason is one of the contract's reasons of a failed preparation
+	// (contract.ReasonModuleMissing, ReasonModuleUnknown,
+	// ReasonModuleLoadFailed, ReasonCapabilityMissing,
+	// ReasonUnsupportedMode).
 	Reason  string
 	Message string
 }
 
 func (e *Error) Error() string { return e.Message }
-
-// The reasons of a failed preparation.
-const (
-	ReasonModuleMissing     = "ModuleMissing"
-	ReasonModuleUnknown     = "ModuleUnknown"
-	ReasonModuleLoadFailed  = "ModuleLoadFailed"
-	ReasonCapabilityMissing = "CapabilityMissing"
-	ReasonUnsupportedMode   = "UnsupportedMode"
-)
 
 // Prepare makes sure the kernel can run mode: it loads the modules the
 // mode needs that are Loadable and fails closed, naming the module, when
@@ -187,9 +196,9 @@ const (
 // work for iptables, the IPVS netlink family for ipvs. The error is an
 // *Error.
 func (g *Gatherer) Prepare(ctx context.Context, mode v1alpha1.ProxyMode, scheduler v1alpha1.IPVSScheduler) error {
-	mods, err := kmod.ModulesFor(mode, scheduler)
+	mods, err := contract.ModulesFor(mode, scheduler)
 	if err != nil {
-		return &Error{Reason: ReasonUnsupportedMode, Message: err.Error()}
+		return &Error{Reason: contract.ReasonUnsupportedMode, Message: err.Error()}
 	}
 	k := g.kernel()
 	var load []string
@@ -200,14 +209,14 @@ func (g *Gatherer) Prepare(ctx context.Context, mode v1alpha1.ProxyMode, schedul
 		case v1alpha1.ModuleLoadable:
 			load = append(load, m.Name)
 		case v1alpha1.ModuleMissing:
-			return &Error{Reason: ReasonModuleMissing, Message: fmt.Sprintf("kernel module %s is missing (%s); %s mode needs it: install it, or choose another mode", m.Resolved, m.Reason, mode)}
+			return &Error{Reason: contract.ReasonModuleMissing, Message: fmt.Sprintf("kernel module %s is missing (%s); %s mode needs it: install it, or choose another mode", m.Resolved, m.Reason, mode)}
 		default:
 			unknown = append(unknown, m)
 		}
 	}
 	if len(load) > 0 {
 		if err := k.Load(load...); err != nil {
-			return &Error{Reason: ReasonModuleLoadFailed, Message: fmt.Sprintf("%v; %s mode needs it", err, mode)}
+			return &Error{Reason: contract.ReasonModuleLoadFailed, Message: fmt.Sprintf("%v; %s mode needs it", err, mode)}
 		}
 	}
 	capability, why := g.Capability(ctx, mode)
@@ -216,9 +225,9 @@ func (g *Gatherer) Prepare(ctx context.Context, mode v1alpha1.ProxyMode, schedul
 	}
 	if len(unknown) > 0 {
 		m := unknown[0]
-		return &Error{Reason: ReasonModuleUnknown, Message: fmt.Sprintf("the state of kernel module %s is unknown (%s) and the %s capability probe did not succeed (%s); mount /lib/modules and /proc into the agent, or load the module on the host", m.Resolved, m.Reason, mode, why)}
+		return &Error{Reason: contract.ReasonModuleUnknown, Message: fmt.Sprintf("the state of kernel module %s is unknown (%s) and the %s capability probe did not succeed (%s); mount /lib/modules and /proc into the agent, or load the module on the host", m.Resolved, m.Reason, mode, why)}
 	}
-	return &Error{Reason: ReasonCapabilityMissing, Message: fmt.Sprintf("%s mode cannot run on this kernel: %s", mode, why)}
+	return &Error{Reason: contract.ReasonCapabilityMissing, Message: fmt.Sprintf("%s mode cannot run on this kernel: %s", mode, why)}
 }
 
 // Capability probes whether the kernel does what mode needs, and why.

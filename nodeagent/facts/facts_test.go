@@ -9,7 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 )
 
@@ -20,7 +23,7 @@ func fixture(t *testing.T, missing string) *kmod.Kernel {
 	dir := t.TempDir()
 	var b strings.Builder
 	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		mods, _ := kmod.ModulesFor(m, "")
+		mods, _ := contract.ModulesFor(m, "")
 		for _, n := range mods {
 			if n != missing {
 				b.WriteString("kernel/" + n + ".ko\n")
@@ -41,7 +44,7 @@ func TestPrepareFailsClosedOnAMissingModule(t *testing.T) {
 	}}
 	err := g.Prepare(context.Background(), v1alpha1.ModeIPVS, "rr")
 	var fe *Error
-	if !errors.As(err, &fe) || fe.Reason != ReasonModuleMissing || !strings.Contains(fe.Message, "ip_vs_rr") {
+	if !errors.As(err, &fe) || fe.Reason != contract.ReasonModuleMissing || !strings.Contains(fe.Message, "ip_vs_rr") {
 		t.Fatalf("Prepare = %v; want ModuleMissing naming ip_vs_rr even though the capability probe works", err)
 	}
 }
@@ -57,7 +60,7 @@ func TestPrepareUnknownNeedsTheCapability(t *testing.T) {
 	broken := &Gatherer{Kernel: k, IPVS: func(context.Context) (v1alpha1.Capability, string) { return v1alpha1.CapabilityNo, "no IPVS family" }}
 	err := broken.Prepare(context.Background(), v1alpha1.ModeIPVS, "")
 	var fe *Error
-	if !errors.As(err, &fe) || fe.Reason != ReasonModuleUnknown || !strings.Contains(fe.Message, "no IPVS family") {
+	if !errors.As(err, &fe) || fe.Reason != contract.ReasonModuleUnknown || !strings.Contains(fe.Message, "no IPVS family") {
 		t.Errorf("unknown modules without the capability: %v; want ModuleUnknown with the probe's reason", err)
 	}
 }
@@ -66,7 +69,7 @@ func TestGatherReportsEveryModuleOnce(t *testing.T) {
 	g := &Gatherer{Kernel: fixture(t, "nft_numgen"), IPTables: func(context.Context) []v1alpha1.IPTablesBackend {
 		return []v1alpha1.IPTablesBackend{{Name: "nft", Available: v1alpha1.CapabilityYes, HasRules: v1alpha1.CapabilityNo}}
 	}}
-	f := g.Gather(context.Background(), "sh")
+	f := g.Gather(context.Background())
 	seen := map[string]v1alpha1.ModuleState{}
 	for _, m := range f.Modules {
 		if _, dup := seen[m.Name]; dup {
@@ -83,34 +86,64 @@ func TestGatherReportsEveryModuleOnce(t *testing.T) {
 			t.Errorf("module %s = %q, want %s", name, seen[name], want)
 		}
 	}
+	// Every scheduler's module, whatever the node runs now: the
+	// operator checks the one a ProxyConfig asks for before moving it.
+	for _, s := range contract.Schedulers {
+		if _, ok := seen[contract.SchedulerModule(s)]; !ok {
+			t.Errorf("the module of scheduler %s is not reported", s)
+		}
+	}
 	if f.Version == "" || len(f.IPTablesBackends) != 1 {
 		t.Errorf("facts %+v", f)
 	}
 }
 
+func TestIPTablesBackends(t *testing.T) {
+	boom := errors.New("boom")
+	got := IPTablesBackends([]iptables.VariantFacts{
+		{Variant: iptables.NFT, Installed: true},
+		{Variant: iptables.Legacy, Installed: true, HoldsRules: true},
+		{Variant: iptables.Legacy},
+		{Variant: iptables.NFT, Installed: true, Err: boom},
+	})
+	want := []v1alpha1.IPTablesBackend{
+		{Name: "nft", Available: "Yes", HasRules: "No"},
+		{Name: "legacy", Available: "Yes", HasRules: "Yes"},
+		{Name: "legacy", Available: "No", HasRules: "Unknown"},
+		{Name: "nft", Available: "Unknown", HasRules: "Unknown"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("IPTablesBackends = %+v, want %+v", got, want)
+	}
+}
+
 // settingsReporter reports fixed settings and an error.
 type settingsReporter struct {
-	settings []v1alpha1.KernelSetting
+	settings []dataplane.KernelSetting
 	err      error
 }
 
-func (r settingsReporter) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+func (r settingsReporter) KernelSettings() ([]dataplane.KernelSetting, error) {
 	return r.settings, r.err
 }
 
 func TestGatherReportsTheServingModesSettings(t *testing.T) {
-	iptables := func(context.Context) []v1alpha1.IPTablesBackend { return nil }
-	none := &Gatherer{Kernel: fixture(t, ""), IPTables: iptables}
-	if f := none.Gather(context.Background(), ""); f.Settings != nil {
+	noIPTables := func(context.Context) []v1alpha1.IPTablesBackend { return nil }
+	none := &Gatherer{Kernel: fixture(t, ""), IPTables: noIPTables}
+	if f := none.Gather(context.Background()); f.Settings != nil {
 		t.Errorf("without a settings reporter: %+v; want none", f.Settings)
 	}
 	want := []v1alpha1.KernelSetting{
 		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
 		{Name: "net.ipv4.conf.all.arp_ignore", Want: "1"},
 	}
-	g := &Gatherer{Kernel: fixture(t, ""), IPTables: iptables,
-		Settings: settingsReporter{settings: want, err: errors.New("could not enter the namespace")}}
-	if f := g.Gather(context.Background(), ""); !reflect.DeepEqual(f.Settings, want) {
+	read := []dataplane.KernelSetting{
+		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
+		{Name: "net.ipv4.conf.all.arp_ignore", Want: "1"},
+	}
+	g := &Gatherer{Kernel: fixture(t, ""), IPTables: noIPTables,
+		Settings: settingsReporter{settings: read, err: errors.New("could not enter the namespace")}}
+	if f := g.Gather(context.Background()); !reflect.DeepEqual(f.Settings, want) {
 		t.Errorf("settings = %+v; want %+v (what could be read, despite the error)", f.Settings, want)
 	}
 }

@@ -1,5 +1,6 @@
-// Package kmod knows which kernel modules each proxy mode needs, tells
-// what state each is in on this node, and loads them.
+// Package kmod tells what state each kernel module is in on this node, and
+// loads modules. Which modules each proxy mode needs is the operator–agent
+// contract's (api/contract.ModulesFor).
 //
 // # Why it exists
 //
@@ -65,10 +66,4 @@
 // and hands the image to init_module(2). That path works on every kernel,
 // and the module's signature, appended before compression, is checked the
 // same either way.
-//
-// # Modes
-//
-// ModulesFor lists the modules a proxy mode needs, in the names of current
-// kernels (checked against Debian's 6.1 cloud kernel by the VM tests), and
-// IPTablesBackendModules the table modules of one iptables backend.
 package kmod

@@ -25,6 +25,7 @@ import (
 	"github.com/ulikunitz/xz"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/test/netlab"
@@ -293,13 +294,13 @@ func TestVMModes(t *testing.T) {
 		}
 		all = append(all, mods...)
 	}
-	add(kmod.ModulesFor(v1alpha1.ModeNFTables, ""))
-	add(kmod.ModulesFor(v1alpha1.ModeIPTables, ""))
-	for _, s := range kmod.Schedulers {
-		add(kmod.ModulesFor(v1alpha1.ModeIPVS, s))
+	add(contract.ModulesFor(v1alpha1.ModeNFTables, ""))
+	add(contract.ModulesFor(v1alpha1.ModeIPTables, ""))
+	for _, s := range contract.Schedulers {
+		add(contract.ModulesFor(v1alpha1.ModeIPVS, s))
 	}
-	add(kmod.IPTablesBackendModules("legacy"))
-	add(kmod.IPTablesBackendModules("nft"))
+	add(contract.IPTablesBackendModules("legacy"))
+	add(contract.IPTablesBackendModules("nft"))
 
 	k := &kmod.Kernel{}
 	for _, m := range k.Probe(all...) {

@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestShouldSkip(t *testing.T) {
@@ -329,6 +331,7 @@ func TestBuildSessionAffinityAndRanges(t *testing.T) {
 		{"config without ClientIP affinity", service(timeout(60), func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityNone }), 0, []string{""}},
 		{"ranges split by family", service(dualStack, ranges("2001:db8::/64", "10.0.0.0/8", "fd00::5")), 0, []string{"10.0.0.0/8", "2001:db8::/64,fd00::5/128"}},
 		{"host bits masked", service(ranges("10.1.2.3/16")), 0, []string{"10.1.0.0/16"}},
+		{"IPv4-mapped ranges read as IPv4", service(dualStack, ranges("::ffff:10.0.0.0/104", "::ffff:192.168.1.1")), 0, []string{"10.0.0.0/8,192.168.1.1/32", ""}},
 		{"zero range allows all of its family", service(dualStack, ranges("10.0.0.0/8", "0.0.0.0/0", "2001:db8::/64")), 0, []string{"", "2001:db8::/64"}},
 	}
 	for _, tt := range tests {
@@ -416,13 +419,14 @@ func TestBuildMalformed(t *testing.T) {
 		name: "bad external, load-balancer and source-range addresses",
 		svc: service(func(s *corev1.Service) {
 			s.Spec.ExternalIPs = []string{"198.18.0.1", "198.18.0"}
-			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33", "10.0.0.0/8"}
+			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33", "10.0.0.0/8", "::ffff:0:0/95"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "lb"}, {IP: "198.18.1.1"}}
 		}),
 		wantErrs: []string{
 			`spec.externalIPs[1] "198.18.0": not an IP address`,
 			`status.loadBalancer.ingress[0].ip "lb": not an IP address`,
 			`spec.loadBalancerSourceRanges[0] "10.0.0.0/33": not a CIDR or IP address`,
+			`spec.loadBalancerSourceRanges[2] "::ffff:0:0/95": not a CIDR or IP address`,
 		},
 		wantPorts: []string{"http: IPv4 10.0.0.1:80/TCP np=0 eps="},
 	}, {
@@ -507,4 +511,122 @@ func TestBuildMalformed(t *testing.T) {
 			t.Errorf("got %v, %v; want no ports and one error", got, errs)
 		}
 	})
+}
+
+// Fixtures: a Service "ns/web" with cluster IP 10.0.0.1 and one TCP port
+// "http" 80, and slices and endpoints built from short option lists.
+
+const node = "node-a"
+
+func service(opts ...func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:       corev1.ServiceTypeClusterIP,
+			ClusterIP:  "10.0.0.1",
+			ClusterIPs: []string{"10.0.0.1"},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports:      []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func dualStack(s *corev1.Service) {
+	s.Spec.ClusterIPs = []string{"10.0.0.1", "fd00::1"}
+	s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+}
+
+func withPorts(ports ...corev1.ServicePort) func(*corev1.Service) {
+	return func(s *corev1.Service) { s.Spec.Ports = ports }
+}
+
+func svcPort(name string, port int32, proto corev1.Protocol) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Port: port, Protocol: proto}
+}
+
+// slice returns an EndpointSlice of service ns/web.
+func slice(name string, at discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ns", Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"},
+		},
+		AddressType: at,
+		Ports:       ports,
+		Endpoints:   eps,
+	}
+}
+
+func ports(ps ...discoveryv1.EndpointPort) []discoveryv1.EndpointPort { return ps }
+
+func port(name string, p int32, proto corev1.Protocol) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: &name, Port: &p, Protocol: &proto}
+}
+
+func http(p int32) []discoveryv1.EndpointPort { return ports(port("http", p, corev1.ProtocolTCP)) }
+
+// ep returns an endpoint with nil conditions, modified by opts.
+func ep(addr string, opts ...func(*discoveryv1.Endpoint)) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{Addresses: []string{addr}}
+	for _, o := range opts {
+		o(&e)
+	}
+	return e
+}
+
+func on(n string) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) { e.NodeName = &n }
+}
+
+func ready(b bool) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) { e.Conditions.Ready = &b }
+}
+
+func serving(b bool) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) { e.Conditions.Serving = &b }
+}
+
+func terminating(b bool) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) { e.Conditions.Terminating = &b }
+}
+
+// draining marks an endpoint as kubelet does during graceful termination.
+func draining(e *discoveryv1.Endpoint) {
+	ready(false)(e)
+	serving(true)(e)
+	terminating(true)(e)
+}
+
+func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// summary renders a port compactly, e.g.
+// "IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.1:8080,10.1.0.2:8080".
+func summary(sp *ServicePort) string {
+	var eps []string
+	for _, e := range sp.Endpoints {
+		eps = append(eps, e.String())
+	}
+	return fmt.Sprintf("%s %s/%s np=%d eps=%s", sp.Family,
+		netip.AddrPortFrom(sp.ClusterIP, uint16(sp.Port)), sp.Protocol, sp.NodePort, strings.Join(eps, ","))
+}
+
+func summaries(sps []*ServicePort) []string {
+	var out []string
+	for _, sp := range sps {
+		out = append(out, sp.Name.Port+": "+summary(sp))
+	}
+	return out
+}
+
+// epStrings renders endpoints as ip:port.
+func epStrings(eps []Endpoint) []string {
+	var out []string
+	for _, e := range eps {
+		out = append(out, e.String())
+	}
+	return out
 }

@@ -17,22 +17,44 @@ import (
 )
 
 // NS is a network namespace: a file descriptor the caller keeps open, or
-// Current (-1) for the namespace the process runs in.
+// the zero value, Current, for the namespace the process runs in. It is
+// the one type the agent names a namespace by: its options, the
+// backends, facts, probes, conntrack and cleanup all take one.
 type NS int
 
 // Current is the process's own namespace.
-const Current NS = -1
+const Current NS = 0
 
-// IsCurrent says whether ns is the process's own namespace.
-func (ns NS) IsCurrent() bool { return ns < 0 }
+// IsCurrent says whether ns is the process's own namespace (the zero
+// value, or any value that is no file descriptor).
+func (ns NS) IsCurrent() bool { return ns <= 0 }
 
-// Handle returns the namespace as a netns handle; for Current, the
-// thread's namespace is opened (the caller closes it).
+// FD is the namespace as netlink clients take one (github.com/mdlayher
+// netlink's Config.NetNS, google/nftables' WithNetNSFd): its file
+// descriptor, or 0 for the caller's.
+func (ns NS) FD() int {
+	if ns.IsCurrent() {
+		return 0
+	}
+	return int(ns)
+}
+
+// Handle returns the namespace as a netns handle, and false for Current
+// (netns.None()).
 func (ns NS) Handle() (netns.NsHandle, bool) {
 	if ns.IsCurrent() {
 		return netns.None(), false
 	}
 	return netns.NsHandle(int(ns)), true
+}
+
+// Path is the namespace as libraries that open one by path take it
+// (github.com/moby/ipvs): /proc/self/fd/<fd>, or "" for Current.
+func (ns NS) Path() string {
+	if ns.IsCurrent() {
+		return ""
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", int(ns))
 }
 
 // Do runs fn on a locked OS thread inside ns. Sockets fn opens stay in

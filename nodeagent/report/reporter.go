@@ -12,34 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-)
-
-// Condition types and reasons the agent writes. Each reason says what a
-// person can do about it; the message has the specifics.
-const (
-	ConditionReady    = "Ready"
-	ConditionDegraded = "Degraded"
-
-	// ReasonActive: the desired mode serves and its last sync succeeded.
-	ReasonActive = "Active"
-	// ReasonSwitching: a switch is in progress; wait.
-	ReasonSwitching = "Switching"
-	// ReasonSyncFailed: the last sync failed; the kernel keeps the last
-	// good rules. The message has the kernel's error.
-	ReasonSyncFailed = "SyncFailed"
-	// ReasonNoMode: no mode is desired and none is programmed.
-	ReasonNoMode = "NoModeDesired"
-	// ReasonAsExpected: nothing is wrong.
-	ReasonAsExpected = "AsExpected"
-	// Failure reasons of a switch (besides those of package facts:
-	// ModuleMissing, ModuleUnknown, ModuleLoadFailed, CapabilityMissing,
-	// UnsupportedMode).
-	ReasonProgrammingFailed  = "ProgrammingFailed"
-	ReasonVerificationFailed = "VerificationFailed"
-	ReasonCleanupFailed      = "CleanupFailed"
-	ReasonKubeProxyLeftovers = "KubeProxyCleanupFailed"
 )
 
 // Switch is the switcher's side of the status.
@@ -86,6 +62,7 @@ type Reporter struct {
 	sw      Switch
 	sync    *Sync
 	kernel  *v1alpha1.KernelFacts
+	problem problem
 	written *v1alpha1.ProxyNodeStatus
 	base    *v1alpha1.ProxyNodeStatus // status as read at start
 	lastAt  time.Time
@@ -98,28 +75,39 @@ func New(c *Client, node string) *Reporter {
 	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1)}
 }
 
-// Start seeds the Reporter with the status the ProxyNode has, so
-// conditions keep their transition times across agent restarts, and
-// returns it (nil when the ProxyNode does not exist or cannot be read).
-func (r *Reporter) Start(ctx context.Context) *v1alpha1.ProxyNode {
-	if r.c == nil {
-		return nil
-	}
-	pn, err := r.c.Get(ctx, r.node)
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			klog.ErrorS(err, "Could not read this node's ProxyNode; status starts afresh", "proxynode", r.node)
-		}
-		return nil
-	}
+// Seed starts the Reporter from the status pn has (nil: none), so
+// conditions keep their transition times across agent restarts. What was
+// written before (a startup problem) is forgotten: pn shows it already.
+func (r *Reporter) Seed(pn *v1alpha1.ProxyNode) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written = nil
+	if pn == nil {
+		return
+	}
 	r.base = pn.Status.DeepCopy()
 	if pn.Status.Kernel != nil && r.kernel == nil {
 		r.kernel = pn.Status.Kernel.DeepCopy()
 	}
-	r.mu.Unlock()
-	return pn
 }
+
+// SetProblem makes Degraded true with reason and message, whatever the
+// switch says (a failed switch excepted, which is reported as such): the
+// agent cannot follow its spec or the API (its informers have not
+// synced, the spec's settings do not resolve on this node) and keeps the
+// rules the kernel holds. An empty reason clears it.
+func (r *Reporter) SetProblem(reason, message string) {
+	r.mu.Lock()
+	same := r.problem == problem{reason, message}
+	r.problem = problem{reason, message}
+	r.mu.Unlock()
+	if !same {
+		r.signal()
+	}
+}
+
+// problem is what SetProblem recorded.
+type problem struct{ reason, message string }
 
 // SetSwitch records the switch's state.
 func (r *Reporter) SetSwitch(s Switch) {
@@ -200,27 +188,35 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 		st.LastSyncDuration = &metav1.Duration{Duration: s.Duration}
 		st.Counts = &v1alpha1.RuleCounts{Services: int32(s.Counts.Services), Endpoints: int32(s.Counts.Endpoints), Rules: int32(s.Counts.Rules)}
 	}
+	var set []metav1.Condition
 	if sw.Phase != "" {
 		ready, degraded := conditions(sw, r.sync)
-		ready.ObservedGeneration, degraded.ObservedGeneration = sw.Generation, sw.Generation
-		meta.SetStatusCondition(&st.Conditions, ready)
-		meta.SetStatusCondition(&st.Conditions, degraded)
+		set = append(set, ready, degraded)
+	}
+	if p := r.problem; p.reason != "" && sw.Phase != v1alpha1.NodeFailed {
+		set = append(set, metav1.Condition{Type: contract.ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message})
+	}
+	for _, c := range set {
+		// A message the API server refuses would freeze the status.
+		c.Message = text.Cut(c.Message, text.MaxMessage)
+		c.ObservedGeneration = sw.Generation
+		meta.SetStatusCondition(&st.Conditions, c)
 	}
 	return st
 }
 
 // conditions derives Ready and Degraded.
 func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
-	ready = metav1.Condition{Type: ConditionReady}
-	degraded = metav1.Condition{Type: ConditionDegraded, Status: metav1.ConditionFalse, Reason: ReasonAsExpected, Message: "nothing to report"}
+	ready = metav1.Condition{Type: contract.ConditionReady}
+	degraded = metav1.Condition{Type: contract.ConditionDegraded, Status: metav1.ConditionFalse, Reason: contract.ReasonAsExpected, Message: "nothing to report"}
 	syncErr := s != nil && s.Err != nil
 	switch sw.Phase {
 	case v1alpha1.NodeActive:
 		if syncErr {
-			ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSyncFailed
+			ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSyncFailed
 			ready.Message = fmt.Sprintf("%s serves, but its last sync failed (the kernel keeps the last good rules): %v", sw.Active, s.Err)
 		} else {
-			ready.Status, ready.Reason = metav1.ConditionTrue, ReasonActive
+			ready.Status, ready.Reason = metav1.ConditionTrue, contract.ReasonActive
 			ready.Message = fmt.Sprintf("%s serves and its rules are synced", sw.Active)
 		}
 	case v1alpha1.NodeFailed:
@@ -228,10 +224,10 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		ready.Message = sw.Message
 		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.Reason, sw.Message
 	case v1alpha1.NodeIdle:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNoMode
+		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonNoMode
 		ready.Message = "no mode is desired (spec.desiredMode is empty) and none is programmed"
 	default:
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonSwitching
+		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSwitching
 		from := string(sw.Active)
 		if from == "" {
 			from = "no mode"
@@ -246,7 +242,7 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		case sw.WarningReason != "":
 			degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, sw.WarningReason, sw.WarningMessage
 		case syncErr:
-			degraded.Status, degraded.Reason = metav1.ConditionTrue, ReasonSyncFailed
+			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonSyncFailed
 			degraded.Message = fmt.Sprintf("the last sync failed (the kernel keeps the last good rules): %v", s.Err)
 		}
 	}

@@ -102,10 +102,10 @@ func (f *Fanout) SetAfterSync(fn func(ctx context.Context, snap *model.Snapshot,
 }
 
 // Mode is the primary's mode ("" when there is none).
-func (f *Fanout) Mode() v1alpha1.ProxyMode {
+func (f *Fanout) Mode() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.primary
+	return string(f.primary)
 }
 
 // Sync syncs every member, the primary first. It returns the primary's
@@ -170,7 +170,7 @@ func (f *Fanout) Programmed(ctx context.Context) (dataplane.Counts, error) {
 // KernelSettings reads back the kernel settings the primary (the serving
 // backend) sets: none when there is no primary, or it sets none
 // (dataplane.SettingsReporter).
-func (f *Fanout) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+func (f *Fanout) KernelSettings() ([]dataplane.KernelSetting, error) {
 	f.mu.Lock()
 	m := f.find(f.primary)
 	f.mu.Unlock()

@@ -2,6 +2,7 @@ package switcher
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -15,7 +16,7 @@ type countingBackend struct {
 	syncs int
 }
 
-func (b *countingBackend) Mode() v1alpha1.ProxyMode { return b.mode }
+func (b *countingBackend) Mode() string { return string(b.mode) }
 func (b *countingBackend) Sync(context.Context, dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.syncs++
 	return dataplane.Counts{Services: b.syncs}, nil
@@ -70,5 +71,44 @@ func TestOnPrimaryReportsEachServingSyncOnce(t *testing.T) {
 	f.SetPrimary(v1alpha1.ModeIPTables)
 	if len(got) != 4 || got[3].Mode != v1alpha1.ModeIPTables || got[3].Counts.Services != ipt.syncs {
 		t.Fatalf("the new primary's last sync is reported once when it takes over: got %+v", got)
+	}
+}
+
+// settingBackend is a backend that sets kernel settings.
+type settingBackend struct {
+	countingBackend
+	settings []dataplane.KernelSetting
+}
+
+func (b *settingBackend) KernelSettings() ([]dataplane.KernelSetting, error) { return b.settings, nil }
+
+func TestKernelSettingsAreTheServingBackends(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	ipvsSettings := []dataplane.KernelSetting{{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"}}
+	ipvs := &settingBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPVS}, settings: ipvsSettings}
+	nft := &countingBackend{mode: v1alpha1.ModeNFTables}
+
+	if got, err := f.KernelSettings(); got != nil || err != nil {
+		t.Errorf("empty Fanout: %v, %v; want none", got, err)
+	}
+	for _, m := range []struct {
+		mode v1alpha1.ProxyMode
+		b    dataplane.Backend
+	}{{v1alpha1.ModeNFTables, nft}, {v1alpha1.ModeIPVS, ipvs}} {
+		if _, err := f.Add(ctx, m.mode, m.b, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := f.KernelSettings(); got != nil || err != nil {
+		t.Errorf("no primary yet: %v, %v; want none", got, err)
+	}
+	f.SetPrimary(v1alpha1.ModeNFTables)
+	if got, err := f.KernelSettings(); got != nil || err != nil {
+		t.Errorf("nftables serving (ipvs programmed too): %v, %v; want none", got, err)
+	}
+	f.SetPrimary(v1alpha1.ModeIPVS)
+	if got, err := f.KernelSettings(); !reflect.DeepEqual(got, ipvsSettings) || err != nil {
+		t.Errorf("ipvs serving: %v, %v; want %v", got, err, ipvsSettings)
 	}
 }

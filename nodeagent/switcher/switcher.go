@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
@@ -415,11 +416,11 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 func reasonFor(a Action) string {
 	switch a {
 	case Program:
-		return report.ReasonProgrammingFailed
+		return contract.ReasonProgrammingFailed
 	case Verify:
-		return report.ReasonVerificationFailed
+		return contract.ReasonVerificationFailed
 	case CleanUp:
-		return report.ReasonCleanupFailed
+		return contract.ReasonCleanupFailed
 	}
 	return "SwitchFailed"
 }
@@ -568,7 +569,7 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 		klog.InfoS("Removed kube-proxy's leftovers (adoption)", "objects", removed)
 		if err != nil {
 			s.mu.Lock()
-			s.warning = &facts.Error{Reason: report.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
+			s.warning = &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
 			s.mu.Unlock()
 		}
 	}

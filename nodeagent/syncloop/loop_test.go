@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -58,7 +57,7 @@ type recordingBackend struct {
 	failN int
 }
 
-func (b *recordingBackend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeNFTables }
+func (b *recordingBackend) Mode() string { return "nftables" }
 func (b *recordingBackend) Sync(_ context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -396,7 +396,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.step("etcd and kube-apiserver ready", func() error { return c.startControlPlane(ctx) }); err != nil {
 		return err
 	}
-	if err := c.step("install CRDs and RBAC (kubectl apply -k)", func() error { return c.install(ctx) }); err != nil {
+	if err := c.step("install CRDs, RBAC and admission policy (kubectl apply -k)", func() error { return c.install(ctx) }); err != nil {
 		return err
 	}
 	if err := c.step("Nodes, ProxyNodes, Services", func() error { return c.createObjects(ctx) }); err != nil {

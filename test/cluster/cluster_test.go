@@ -278,7 +278,7 @@ func TestThreeNodeCluster(t *testing.T) {
 		// Each agent has its own token of the proxyshift-agent
 		// ServiceAccount; config/rbac's role lets it write ProxyNode
 		// status and read Services, not create ProxyNodes or touch Nodes.
-		check := func(kubeconfig, wantUser string, allowed, denied []authorizationv1.ResourceAttributes) {
+		check := func(kubeconfig, wantUser, wantNode string, allowed, denied []authorizationv1.ResourceAttributes) {
 			t.Helper()
 			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 			if err != nil {
@@ -295,6 +295,11 @@ func TestThreeNodeCluster(t *testing.T) {
 			}
 			if got := review.Status.UserInfo.Username; got != wantUser {
 				t.Errorf("%s authenticates as %q, want %q", filepath.Base(kubeconfig), got, wantUser)
+			}
+			// An agent's token is bound to a pod on its node: the API
+			// server knows which node it speaks for (config/policy).
+			if got := review.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"]; wantNode != "" && fmt.Sprint(got) != "["+wantNode+"]" {
+				t.Errorf("%s: node claim %v, want [%s]", filepath.Base(kubeconfig), got, wantNode)
 			}
 			for _, list := range []struct {
 				attrs []authorizationv1.ResourceAttributes
@@ -329,11 +334,11 @@ func TestThreeNodeCluster(t *testing.T) {
 				t.Errorf("%s shares its credentials with another agent", node.Name)
 			}
 			seen[string(b)] = true
-			check(node.Kubeconfig, "system:serviceaccount:proxyshift-system:proxyshift-agent",
+			check(node.Kubeconfig, "system:serviceaccount:proxyshift-system:proxyshift-agent", node.Name,
 				[]authorizationv1.ResourceAttributes{pn("patch", "status"), pn("watch", ""), core("list", "services")},
 				[]authorizationv1.ResourceAttributes{pn("create", ""), core("delete", "nodes"), core("get", "secrets")})
 		}
-		check(filepath.Join(c.RunDir, "operator.kubeconfig"), "system:serviceaccount:proxyshift-system:proxyshift-operator",
+		check(filepath.Join(c.RunDir, "operator.kubeconfig"), "system:serviceaccount:proxyshift-system:proxyshift-operator", "",
 			[]authorizationv1.ResourceAttributes{pn("create", ""), pn("update", ""), core("list", "nodes")},
 			[]authorizationv1.ResourceAttributes{core("delete", "nodes"), core("get", "secrets")})
 	})

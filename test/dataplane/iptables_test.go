@@ -30,7 +30,7 @@ func iptablesRow(v iptables.Variant) backend {
 		},
 		new: func(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend {
 			t.Helper()
-			b, err := iptables.New(cfg, iptables.WithVariant(v), iptables.WithNetNSFd(node.FD()))
+			b, err := iptables.New(cfg, iptables.WithVariant(v), iptables.WithNetNS(node.NS()))
 			if err != nil {
 				t.Fatalf("iptables.New: %v", err)
 			}

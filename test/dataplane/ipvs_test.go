@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	agentbackends "github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
@@ -36,7 +37,11 @@ func skipWithoutIPVS(t *testing.T, _ *netlab.NetNS) {
 // sockets between calls, so there is nothing to clean up.
 func newIPVS(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend {
 	t.Helper()
-	b, err := ipvs.New(cfg, ipvs.WithNetNSFd(node.FD()), ipvs.WithModuleLoader(&kmod.Kernel{}))
+	opts, err := agentbackends.IPVSOptions(nil, &kmod.Kernel{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ipvs.New(cfg, append(opts, ipvs.WithNetNS(node.NS()))...)
 	if err != nil {
 		t.Fatalf("ipvs.New: %v", err)
 	}

@@ -28,7 +28,7 @@ func nftConn(node *netlab.NetNS) (*gnft.Conn, error) {
 // newNFTables creates the nftables backend programming node.
 func newNFTables(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend {
 	t.Helper()
-	b, err := nftables.New(cfg, nftables.WithNetNSFd(node.FD()))
+	b, err := nftables.New(cfg, nftables.WithNetNS(node.NS()))
 	if err != nil {
 		t.Fatalf("nftables.New: %v", err)
 	}

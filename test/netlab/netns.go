@@ -70,9 +70,12 @@ func NewNetNS(t testing.TB, role string) *NetNS {
 // FD is the namespace's file descriptor, for netlink clients that take one.
 func (ns *NetNS) FD() int { return int(ns.Handle) }
 
+// NS is the namespace as the agent's packages take one.
+func (ns *NetNS) NS() nsexec.NS { return nsexec.NS(ns.Handle) }
+
 // Do runs fn on an OS thread switched into the namespace. Sockets fn opens
 // stay in the namespace after fn returns.
-func (ns *NetNS) Do(fn func() error) error { return nsexec.NS(ns.FD()).Do(fn) }
+func (ns *NetNS) Do(fn func() error) error { return ns.NS().Do(fn) }
 
 // onLockedThread runs fn on a locked OS thread. If fn leaves the thread
 // locked (because restoring its namespace failed), the goroutine exits with

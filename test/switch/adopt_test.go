@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // installKubeProxy puts kube-proxy-style leftovers into the node: in
@@ -26,7 +25,7 @@ import (
 // kube-router chain and ipset, which must survive adoption.
 func (w *world) installKubeProxy() {
 	w.t.Helper()
-	ns := nsexec.NS(w.lab.Node.NS.FD())
+	ns := w.lab.Node.NS.NS()
 	legacy := fmt.Sprintf(`*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-SVC-WEB0000000000000 - [0:0]

@@ -9,7 +9,6 @@ import (
 	gnft "github.com/google/nftables"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // TestCleanupCommand: `proxyshift-agent --cleanup` removes everything
@@ -29,7 +28,7 @@ func TestCleanupCommand(t *testing.T) {
 	w.requireTraffic()
 
 	// Leftovers in other places, and objects that are not proxyshift's.
-	ns := nsexec.NS(w.lab.Node.NS.FD())
+	ns := w.lab.Node.NS.NS()
 	for bin, input := range map[string]string{
 		"iptables-legacy-restore": "*nat\n:PROXYSHIFT-OLD - [0:0]\n:MY-CHAIN - [0:0]\n-A PREROUTING -j PROXYSHIFT-OLD\n-A PREROUTING -j MY-CHAIN\nCOMMIT\n",
 	} {

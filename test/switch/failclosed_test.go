@@ -11,9 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
-	"github.com/proxyshift/proxyshift/nodeagent/report"
 )
 
 // moduleFixture writes a modules directory whose modules.builtin lists
@@ -25,14 +24,14 @@ func moduleFixture(t *testing.T, missing string) []string {
 	dir := t.TempDir()
 	var names []string
 	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables} {
-		mods, err := kmod.ModulesFor(m, "")
+		mods, err := contract.ModulesFor(m, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		names = append(names, mods...)
 	}
 	for _, b := range []string{"legacy", "nft"} {
-		mods, _ := kmod.IPTablesBackendModules(b)
+		mods, _ := contract.IPTablesBackendModules(b)
 		names = append(names, mods...)
 	}
 	var builtin strings.Builder
@@ -69,7 +68,7 @@ func (w *world) waitFailed() (*v1alpha1.ProxyNode, *metav1.Condition) {
 	pn := w.waitStatus("phase Failed", 60*time.Second, func(pn *v1alpha1.ProxyNode) bool {
 		return pn.Status.Phase == v1alpha1.NodeFailed && pn.Status.ObservedConfig != nil && pn.Status.ObservedConfig.Generation == gen
 	})
-	return pn, meta.FindStatusCondition(pn.Status.Conditions, report.ConditionReady)
+	return pn, meta.FindStatusCondition(pn.Status.Conditions, contract.ConditionReady)
 }
 
 // TestFailClosed: a switch that cannot or must not complete leaves the
@@ -99,7 +98,7 @@ func TestFailClosed(t *testing.T) {
 		if pn.Status.ActiveMode != v1alpha1.ModeIPTables {
 			t.Errorf("active mode %s, want iptables still serving", pn.Status.ActiveMode)
 		}
-		if deg := meta.FindStatusCondition(pn.Status.Conditions, report.ConditionDegraded); deg == nil || deg.Status != metav1.ConditionTrue {
+		if deg := meta.FindStatusCondition(pn.Status.Conditions, contract.ConditionDegraded); deg == nil || deg.Status != metav1.ConditionTrue {
 			t.Errorf("Degraded condition %+v; want True", deg)
 		}
 		var mods []string
@@ -123,7 +122,7 @@ func TestFailClosed(t *testing.T) {
 		pn, ready := w.waitFailed()
 		time.Sleep(300 * time.Millisecond)
 		loop.RequireNoFailures(t, "during the failed switch and its rollback")
-		if ready == nil || ready.Reason != report.ReasonVerificationFailed || !strings.Contains(ready.Message, "iptables keeps serving") {
+		if ready == nil || ready.Reason != contract.ReasonVerificationFailed || !strings.Contains(ready.Message, "iptables keeps serving") {
 			t.Errorf("Ready condition %+v; want reason VerificationFailed saying iptables keeps serving", ready)
 		}
 		if pn.Status.ActiveMode != v1alpha1.ModeIPTables {

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/nodeagent/report"
@@ -205,7 +206,7 @@ func (w *world) waitActive(mode v1alpha1.ProxyMode) *v1alpha1.ProxyNode {
 	gen := w.gen
 	return w.waitStatus(fmt.Sprintf("Active in %s for generation %d", mode, gen), 60*time.Second, func(pn *v1alpha1.ProxyNode) bool {
 		st := pn.Status
-		ready := meta.FindStatusCondition(st.Conditions, report.ConditionReady)
+		ready := meta.FindStatusCondition(st.Conditions, contract.ConditionReady)
 		return st.Phase == v1alpha1.NodeActive && st.ActiveMode == mode && st.ObservedConfig != nil &&
 			st.ObservedConfig.Generation == gen && ready != nil && ready.Status == metav1.ConditionTrue
 	})
@@ -401,7 +402,7 @@ func (w *world) startClientLoop() *netlab.ClientLoop {
 // in the node namespace, each headed by the command.
 func (w *world) iptablesSave() string {
 	w.t.Helper()
-	ns := nsexec.NS(w.lab.Node.NS.FD())
+	ns := w.lab.Node.NS.NS()
 	var b strings.Builder
 	for _, bin := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {
 		out, err := ns.Output(context.Background(), nil, bin)

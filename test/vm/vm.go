@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 )
@@ -60,7 +61,7 @@ func LoadModules(t testing.TB, names ...string) {
 }
 
 // LoadForModes loads, inside the VM only, the modules the given proxy
-// modes need (kmod.ModulesFor; for iptables also both backends' tables)
+// modes need (contract.ModulesFor; for iptables also both backends' tables)
 // and extra ones, for a package's TestMain: the VM's kernel has no modprobe
 // to load them on demand, as a node's has. Outside the VM it does nothing.
 func LoadForModes(extra []string, modes ...v1alpha1.ProxyMode) error {
@@ -69,14 +70,14 @@ func LoadForModes(extra []string, modes ...v1alpha1.ProxyMode) error {
 	}
 	mods := append([]string(nil), extra...)
 	for _, m := range modes {
-		l, err := kmod.ModulesFor(m, "")
+		l, err := contract.ModulesFor(m, "")
 		if err != nil {
 			return err
 		}
 		mods = append(mods, l...)
 		if m == v1alpha1.ModeIPTables {
 			for _, b := range []string{"legacy", "nft"} {
-				t, err := kmod.IPTablesBackendModules(b)
+				t, err := contract.IPTablesBackendModules(b)
 				if err != nil {
 					return err
 				}

@@ -17,7 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
@@ -69,14 +71,14 @@ func TestVMSwitchIPVS(t *testing.T) {
 	// /sbin/modprobe); the lab's bridges and veth pairs.
 	mods := []string{"bridge", "veth"}
 	for _, m := range modes {
-		l, err := kmod.ModulesFor(m, "")
+		l, err := contract.ModulesFor(m, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		mods = append(mods, l...)
 	}
 	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
-		l, err := kmod.IPTablesBackendModules(string(v))
+		l, err := contract.IPTablesBackendModules(string(v))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +187,7 @@ type node struct {
 // sync loop's first sync) and runs the switcher until the test ends.
 func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha1.ProxyMode) *node {
 	t.Helper()
-	ns := nsexec.NS(lab.Node.NS.FD())
+	ns := lab.Node.NS.NS()
 	n := &node{t: t, lab: lab, fanout: switcher.NewFanout(), rep: &phases{}}
 	n.sw = switcher.New(switcher.Config{
 		Fanout:  n.fanout,
@@ -217,21 +219,15 @@ func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha
 	return n
 }
 
-// newBackend builds mode's backend for the lab node as the agent does.
+// newBackend builds mode's backend for the lab node with the agent's
+// factories.
 func newBackend(lab *netlab.Lab, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
-	fd := lab.Node.NS.FD()
-	switch mode {
-	case v1alpha1.ModeNFTables:
-		b, err := nftables.New(nodeConfig, nftables.WithNetNSFd(fd))
-		return b, "", err
-	case v1alpha1.ModeIPVS:
-		b, err := ipvs.New(nodeConfig, ipvs.WithNetNSFd(fd), ipvs.WithModuleLoader(&kmod.Kernel{}))
-		return b, "", err
-	case v1alpha1.ModeIPTables:
-		b, err := iptables.New(nodeConfig, iptables.WithNetNSFd(fd))
-		return b, "", err
+	f, ok := backends.Factories(backends.Env{NS: lab.Node.NS.NS(), Kernel: &kmod.Kernel{}})[mode]
+	if !ok {
+		return nil, "", fmt.Errorf("mode %s is not in this test", mode)
 	}
-	return nil, "", fmt.Errorf("mode %s is not in this test", mode)
+	b, err := f(nodeConfig, v1alpha1.ProxySettings{})
+	return b, "", err
 }
 
 // phases is the switcher's reporter: it keeps every switch state

@@ -1,6 +1,8 @@
-// Package dataplanetest holds what every backend's tests share: golden
-// files of rendered rules, and the loops of the sync benchmarks, so that
-// the backends are measured the same way. It is imported by tests only.
+// Package dataplanetest holds what every backend's tests share: the
+// Service builders (builders.go), the golden scenarios every backend
+// renders (scenarios.go) and the check of its golden files, and the model
+// and loops of the sync benchmarks, so that the backends are described,
+// compared and measured the same way. It is imported by tests only.
 package dataplanetest
 
 import (

@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -76,8 +75,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeIPTables.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPTables }
+// Mode returns "iptables".
+func (b *Backend) Mode() string { return "iptables" }
 
 // Variant returns the iptables variant the backend programs.
 func (b *Backend) Variant() Variant { return b.run.variant }
@@ -98,9 +97,6 @@ func (b *Backend) Variant() Variant { return b.run.variant }
 // proxyshift objects from the other iptables variant, so that rules are
 // never split between the two.
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
-	if req.Model == nil {
-		return dataplane.Counts{}, errors.New("iptables: sync without a model")
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
@@ -118,7 +114,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	}
 	var c dataplane.Counts
 	for _, rs := range b.state {
-		c = add(c, rs.counts())
+		c = c.Plus(rs.counts())
 	}
 	return c, errors.Join(errs...)
 }
@@ -188,7 +184,7 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 		if err != nil {
 			return total, err
 		}
-		total = add(total, countSaved(cur))
+		total = total.Plus(countSaved(cur))
 	}
 	return total, nil
 }
@@ -298,10 +294,6 @@ func (rs *ruleset) counts() dataplane.Counts {
 		}
 	}
 	return c
-}
-
-func add(a, b dataplane.Counts) dataplane.Counts {
-	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
 }
 
 // familyKey is the model family a table family programs.

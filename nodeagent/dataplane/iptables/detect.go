@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
@@ -151,7 +150,7 @@ func choose(legacy, nft *probe) (Variant, error) {
 }
 
 // Detect returns the iptables variant the host (or the network namespace
-// WithNetNSFd names) uses. It only reads: iptables-save of both variants
+// WithNetNS names) uses. It only reads: iptables-save of both variants
 // and both families.
 func Detect(ctx context.Context, opts ...Option) (Variant, error) {
 	return detect(ctx, newOptions(opts).netns)
@@ -161,31 +160,38 @@ func detect(ctx context.Context, netns nsexec.NS) (Variant, error) {
 	return choose(probeVariant(ctx, Legacy, netns), probeVariant(ctx, NFT, netns))
 }
 
+// VariantFacts is what KernelFacts found of one variant.
+type VariantFacts struct {
+	Variant Variant
+	// Installed says the variant's tools are installed.
+	Installed bool
+	// Err is why its tools failed although installed; nil when they
+	// worked.
+	Err error
+	// HoldsRules says the variant holds anything: a rule or a chain of
+	// its own in any table. It means something only when the tools
+	// worked.
+	HoldsRules bool
+}
+
 // KernelFacts reports, for the node's kernel facts, both iptables
-// variants: whether their tools work (Available: No when not installed,
-// Unknown when iptables-save fails) and whether they hold anything (a rule
-// or a chain of their own in any table; Unknown when Available is not
-// Yes). A variant holding rules the host does not use is how stale rules,
-// such as kube-proxy's in legacy after the host moved to nft, show up.
-func KernelFacts(ctx context.Context, opts ...Option) []v1alpha1.IPTablesBackend {
+// variants: whether their tools work and whether they hold anything. A
+// variant holding rules the host does not use is how stale rules, such as
+// kube-proxy's in legacy after the host moved to nft, show up.
+func KernelFacts(ctx context.Context, opts ...Option) []VariantFacts {
 	netns := newOptions(opts).netns
-	var out []v1alpha1.IPTablesBackend
+	var out []VariantFacts
 	for _, v := range variants {
 		out = append(out, facts(probeVariant(ctx, v, netns)))
 	}
 	return out
 }
 
-// facts turns a probe into the API's description of a variant.
-func facts(p *probe) v1alpha1.IPTablesBackend {
-	b := v1alpha1.IPTablesBackend{Name: string(p.variant), Available: v1alpha1.CapabilityYes, HasRules: v1alpha1.CapabilityNo}
-	switch {
-	case p.missing != "":
-		b.Available, b.HasRules = v1alpha1.CapabilityNo, v1alpha1.CapabilityUnknown
-	case p.err != nil:
-		b.Available, b.HasRules = v1alpha1.CapabilityUnknown, v1alpha1.CapabilityUnknown
-	case p.holds():
-		b.HasRules = v1alpha1.CapabilityYes
+// facts is what a probe found.
+func facts(p *probe) VariantFacts {
+	f := VariantFacts{Variant: p.variant, Installed: p.missing == "", Err: p.err}
+	if p.available() {
+		f.HoldsRules = p.holds()
 	}
-	return b
+	return f
 }

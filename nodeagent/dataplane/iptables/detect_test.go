@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
 func TestParseSave(t *testing.T) {
@@ -143,17 +141,18 @@ func TestFacts(t *testing.T) {
 		}
 		return pr
 	}
+	boom := errors.New("boom")
 	for _, tc := range []struct {
 		name string
 		p    *probe
-		want v1alpha1.IPTablesBackend
+		want VariantFacts
 	}{
-		{"empty", p(NFT, []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n")), v1alpha1.IPTablesBackend{Name: "nft", Available: "Yes", HasRules: "No"}},
-		{"nothing at all", p(Legacy, []byte{}), v1alpha1.IPTablesBackend{Name: "legacy", Available: "Yes", HasRules: "No"}},
-		{"a chain", p(Legacy, save([]string{"KUBE-KUBELET-CANARY"}, 0, 0)), v1alpha1.IPTablesBackend{Name: "legacy", Available: "Yes", HasRules: "Yes"}},
-		{"rules", p(NFT, save(nil, 1, 0)), v1alpha1.IPTablesBackend{Name: "nft", Available: "Yes", HasRules: "Yes"}},
-		{"not installed", &probe{variant: Legacy, missing: "iptables-legacy-save"}, v1alpha1.IPTablesBackend{Name: "legacy", Available: "No", HasRules: "Unknown"}},
-		{"save fails", &probe{variant: NFT, err: errors.New("boom")}, v1alpha1.IPTablesBackend{Name: "nft", Available: "Unknown", HasRules: "Unknown"}},
+		{"empty", p(NFT, []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n")), VariantFacts{Variant: NFT, Installed: true}},
+		{"nothing at all", p(Legacy, []byte{}), VariantFacts{Variant: Legacy, Installed: true}},
+		{"a chain", p(Legacy, save([]string{"KUBE-KUBELET-CANARY"}, 0, 0)), VariantFacts{Variant: Legacy, Installed: true, HoldsRules: true}},
+		{"rules", p(NFT, save(nil, 1, 0)), VariantFacts{Variant: NFT, Installed: true, HoldsRules: true}},
+		{"not installed", &probe{variant: Legacy, missing: "iptables-legacy-save"}, VariantFacts{Variant: Legacy}},
+		{"save fails", &probe{variant: NFT, err: boom}, VariantFacts{Variant: NFT, Installed: true, Err: boom}},
 	} {
 		if got := facts(tc.p); got != tc.want {
 			t.Errorf("%s: facts = %+v, want %+v", tc.name, got, tc.want)

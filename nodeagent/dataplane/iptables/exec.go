@@ -46,20 +46,14 @@ func WithVariant(v Variant) Option {
 	return func(o *options) { o.variant = v }
 }
 
-// WithNetNSFd runs the iptables tools in the network namespace the file
-// descriptor fd refers to, instead of the caller's; 0 means the caller's,
-// as for the nftables backend. The caller keeps fd open while the backend
-// is used.
-func WithNetNSFd(fd int) Option {
-	return func(o *options) {
-		if fd > 0 {
-			o.netns = nsexec.NS(fd)
-		}
-	}
+// WithNetNS runs the iptables tools in network namespace ns instead of
+// the caller's. The caller keeps ns open while the backend is used.
+func WithNetNS(ns nsexec.NS) Option {
+	return func(o *options) { o.netns = ns }
 }
 
 func newOptions(opts []Option) options {
-	o := options{netns: nsexec.Current}
+	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -72,15 +66,6 @@ func newOptions(opts []Option) options {
 type runner struct {
 	variant Variant
 	netns   nsexec.NS
-}
-
-// netnsFD returns the namespace's file descriptor for netlink sockets; 0
-// for the caller's.
-func (r runner) netnsFD() int {
-	if r.netns.IsCurrent() {
-		return 0
-	}
-	return int(r.netns)
 }
 
 // command names the tool op ("restore", "save") of the variant for

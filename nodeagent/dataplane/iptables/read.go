@@ -2,11 +2,12 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Reading the tables back.
@@ -29,8 +30,8 @@ import (
 // read returns the nat and filter tables of family f as far as a caller
 // needs them: every chain, the rules' text of the built-in chains and of
 // the chains text names, and, if counts, how many rules each chain has.
-// (A rule dump resumes each netlink message by skipping as many rules as
-// it already sent, so it grows faster than the table: syncs do not ask.)
+// (Counting the rules is a dump that grows faster than the table, see
+// nft.RuleCounts: syncs do not ask.)
 func (r runner) read(ctx context.Context, f *family, text map[string]bool, counts bool) (savedTables, error) {
 	if r.variant == Legacy {
 		out, err := r.save(ctx, f)
@@ -45,7 +46,7 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 	}
 	cur := savedTables{}
 	for _, table := range tables {
-		t, err := nftTable(r.netnsFD(), f, table, counts)
+		t, err := nftTable(r.netns, f, table, counts)
 		if err != nil {
 			return nil, fmt.Errorf("iptables: read %s table %s over netlink: %w", r.tool(f), table, err)
 		}
@@ -76,94 +77,32 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
 // nftTable reads the chains of nf_tables table name in family f, and if
-// counts how many rules each has, in network namespace netns (0: the
-// caller's). It returns nil if there is no such table. Rule texts are
-// left to the caller.
-func nftTable(netns int, f *family, name string, counts bool) (*savedTable, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	proto := byte(unix.NFPROTO_IPV4)
+// counts how many rules each has, in network namespace netns. It returns
+// nil if there is no such table. Rule texts are left to the caller.
+func nftTable(netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
+	fam := nftables.TableFamilyIPv4
 	if f == ipv6 {
-		proto = unix.NFPROTO_IPV6
+		fam = nftables.TableFamilyIPv6
 	}
-	// dump runs one dump request filtered by table, calling fn with each
-	// answer's attributes.
-	dump := func(msgType, tableAttr uint16, fn func(*netlink.AttributeDecoder) error) error {
-		ae := netlink.NewAttributeEncoder()
-		ae.String(tableAttr, name)
-		attrs, err := ae.Encode()
-		if err != nil {
-			return err
-		}
-		msgs, err := conn.Execute(netlink.Message{
-			Header: netlink.Header{
-				Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType),
-				Flags: netlink.Request | netlink.Dump,
-			},
-			// struct nfgenmsg: family, version, resource id.
-			Data: append([]byte{proto, unix.NFNETLINK_V0, 0, 0}, attrs...),
-		})
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			if len(m.Data) < 4 {
-				continue
-			}
-			ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-			if err != nil {
-				return err
-			}
-			if err := fn(ad); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-
-	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
-	err = dump(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, func(ad *netlink.AttributeDecoder) error {
-		var table, chain string
-		hooked := false
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_CHAIN_TABLE:
-				table = ad.String()
-			case unix.NFTA_CHAIN_NAME:
-				chain = ad.String()
-			case unix.NFTA_CHAIN_HOOK:
-				hooked = true
-			}
-		}
-		if table == name && chain != "" {
-			t.chains = append(t.chains, chain)
-			// A base chain iptables did not make is not one to read.
-			t.builtin[chain] = hooked && builtinChains[chain]
-		}
-		return ad.Err()
-	})
-	if errors.Is(err, unix.ENOENT) || err == nil && len(t.chains) == 0 {
-		return nil, nil
-	}
-	if err != nil {
+	chains, err := nft.Chains(netns, fam, name)
+	if err != nil || len(chains) == 0 {
 		return nil, err
+	}
+	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
+	for _, c := range chains {
+		t.chains = append(t.chains, c.Name)
+		// A base chain iptables did not make is not one to read.
+		t.builtin[c.Name] = c.Base && builtinChains[c.Name]
 	}
 	if !counts {
 		return t, nil
 	}
-	err = dump(unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, func(ad *netlink.AttributeDecoder) error {
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_RULE_CHAIN {
-				t.counts[ad.String()]++
-			}
-		}
-		return ad.Err()
-	})
-	if err != nil && !errors.Is(err, unix.ENOENT) {
+	n, err := nft.RuleCounts(netns, fam, name)
+	if err != nil {
 		return nil, err
+	}
+	for c, k := range n {
+		t.counts[c] = k
 	}
 	return t, nil
 }

@@ -7,18 +7,19 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // testPorts are three services: web (ClusterIP, three endpoints), np
 // (NodePort) and db (ClusterIP).
 func testPorts() map[model.ServicePortName]*model.ServicePort {
-	return portMap(
-		port("default", "web", "http", "10.96.0.10", 80,
-			endpoint("10.244.1.2", 8080, false), endpoint("10.244.2.3", 8080, false), endpoint("10.244.3.4", 8080, false)),
-		port("default", "np", "http", "10.96.0.11", 80, withNodePort(30080),
-			endpoint("10.244.1.5", 8080, true), endpoint("10.244.2.5", 8080, false)),
-		port("default", "db", "sql", "10.96.0.12", 5432, endpoint("10.244.1.9", 5432, false)),
+	return dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80,
+			dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)),
+		dt.Svc("default", "np", "http", "10.96.0.11", 80, dt.NodePort(30080),
+			dt.EP("10.244.1.5", 8080, dt.Local), dt.EP("10.244.2.5", 8080)),
+		dt.Svc("default", "db", "sql", "10.96.0.12", 5432, dt.EP("10.244.1.9", 5432)),
 	)
 }
 
@@ -275,11 +276,11 @@ COMMIT
 }
 
 func TestCountsMatchSaved(t *testing.T) {
-	rs := render(policyFor(nodeWithIPs, corev1.IPv4Protocol), portMap(
-		port("default", "web", "http", "10.96.0.10", 80, withNodePort(30080), withLB("198.18.100.1"), withRanges("203.0.113.0/24"),
-			etpLocal, endpoint("10.244.1.2", 8080, false), endpoint("10.244.2.3", 8080, true)),
-		port("default", "empty", "http", "10.96.0.40", 80, withNodePort(30040)),
-		port("default", "cache", "dns", "10.96.0.11", 53, udp, itpLocal, endpoint("10.244.1.2", 53, false)),
+	rs := render(policyFor(nodeWithIPs, corev1.IPv4Protocol), dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.NodePort(30080), dt.LB("198.18.100.1"), dt.SourceRanges("203.0.113.0/24"),
+			dt.ETPLocal, dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080, dt.Local)),
+		dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040)),
+		dt.Svc("default", "cache", "dns", "10.96.0.11", 53, dt.UDP, dt.ITPLocal, dt.EP("10.244.1.2", 53)),
 	))
 	// What a full sync writes, read back the way iptables-save prints it.
 	var save strings.Builder

@@ -7,27 +7,28 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/google/nftables"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Backend is the IPVS dataplane. It is safe for concurrent use: syncs
 // and cleanups are serialized, Programmed and KernelSettings only read.
 type Backend struct {
 	cfg       dataplane.NodeConfig
-	scheduler v1alpha1.IPVSScheduler
+	scheduler string
 	strictARP bool
 	timeouts  Timeouts
 	exclude   []netip.Prefix
-	netns     int
+	netns     nsexec.NS
 	loader    ModuleLoader
+	modules   []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
 	openIPVS func() (ipvsHandle, error)
 
@@ -42,17 +43,19 @@ var _ dataplane.Backend = (*Backend)(nil)
 // Option configures a Backend.
 type Option func(*Backend)
 
-// WithNetNSFd makes the backend program the network namespace the file
-// descriptor fd refers to instead of the caller's: its netlink sockets
-// are opened there, and only the short-lived threads that read and write
-// sysctls enter it. The caller keeps fd open while the backend is used.
-func WithNetNSFd(fd int) Option {
-	return func(b *Backend) { b.netns = fd }
+// WithNetNS makes the backend program network namespace ns instead of
+// the caller's: its netlink sockets are opened there, and only the
+// short-lived threads that read and write sysctls enter it. The caller
+// keeps ns open while the backend is used.
+func WithNetNS(ns nsexec.NS) Option {
+	return func(b *Backend) { b.netns = ns }
 }
 
-// WithScheduler sets the IPVS scheduler of every virtual service (one of
-// kmod.Schedulers; kmod.DefaultScheduler when not set).
-func WithScheduler(s v1alpha1.IPVSScheduler) Option {
+// WithScheduler sets the IPVS scheduler of every virtual service, by its
+// kernel name (rr, wrr, sh...; DefaultScheduler when not set). The kernel
+// refuses a scheduler it has no module for when the first virtual service
+// is created.
+func WithScheduler(s string) Option {
 	return func(b *Backend) {
 		if s != "" {
 			b.scheduler = s
@@ -68,13 +71,18 @@ func WithStrictARP(on bool) Option {
 	return func(b *Backend) { b.strictARP = on }
 }
 
-// WithModuleLoader makes New load the kernel modules the backend needs
-// (kmod.ModulesFor the ipvs mode and its scheduler) through l before it
+// WithModuleLoader makes New load modules (those the ipvs mode needs with
+// the backend's scheduler: IPVS, the scheduler's module, the dummy
+// interface and the helper table's nftables modules) through l before it
 // opens IPVS, and fail if one does not load. Without it the modules must
 // be loaded already.
-func WithModuleLoader(l ModuleLoader) Option {
-	return func(b *Backend) { b.loader = l }
+func WithModuleLoader(l ModuleLoader, modules ...string) Option {
+	return func(b *Backend) { b.loader, b.modules = l, modules }
 }
+
+// DefaultScheduler is the scheduler of a backend made without
+// WithScheduler: round robin, the API's default.
+const DefaultScheduler = "rr"
 
 // New returns a backend for the node cfg describes. It loads the kernel
 // modules (with WithModuleLoader) and checks that IPVS answers in the
@@ -87,19 +95,12 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("ipvs: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
 	}
-	b := &Backend{cfg: cfg, scheduler: kmod.DefaultScheduler, state: map[*family]*familyState{}}
+	b := &Backend{cfg: cfg, scheduler: DefaultScheduler, state: map[*family]*familyState{}}
 	for _, o := range opts {
 		o(b)
 	}
-	if !slices.Contains(kmod.Schedulers, b.scheduler) {
-		return nil, fmt.Errorf("ipvs: unknown scheduler %q (want one of %v)", b.scheduler, kmod.Schedulers)
-	}
 	if b.loader != nil {
-		mods, err := kmod.ModulesFor(v1alpha1.ModeIPVS, b.scheduler)
-		if err != nil {
-			return nil, err
-		}
-		if err := b.loader.Load(mods...); err != nil {
+		if err := b.loader.Load(b.modules...); err != nil {
 			return nil, fmt.Errorf("ipvs: load kernel modules: %w", err)
 		}
 	}
@@ -115,8 +116,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeIPVS.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeIPVS }
+// Mode returns "ipvs".
+func (b *Backend) Mode() string { return "ipvs" }
 
 // ConflictError lists virtual services the model wants that exist in the
 // kernel and are not the backend's. They are left alone; everything else
@@ -128,7 +129,7 @@ type ConflictError struct {
 
 // Error names the virtual services.
 func (e *ConflictError) Error() string {
-	return "ipvs: virtual services exist that are not proxyshift's, left alone and not programmed: " + strings.Join(e.Keys, ", ")
+	return fmt.Sprintf("ipvs: %d virtual services exist that are not proxyshift's, left alone and not programmed: %s", len(e.Keys), text.List(e.Keys, ", ", 10))
 }
 
 // Sync programs the model's families (those present in req.Model.Ports).
@@ -156,7 +157,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	var conflicts []vsKey
 	settingsDone := false
 	for _, f := range families {
-		ports, ok := req.Model.Ports[f.model]
+		ports, ok := req.Model.Ports[f.Model]
 		if !ok {
 			continue
 		}
@@ -205,7 +206,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 // renderConfig returns what rendering family f depends on, reading the
 // node's addresses when NodePorts answer on all of them.
 func (b *Backend) renderConfig(kn *kernel, f *family) (*renderConfig, error) {
-	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.model), scheduler: string(b.scheduler), exclude: b.exclude}
+	rc := &renderConfig{f: f, policy: dataplane.NewNodePolicy(b.cfg, f.Model), scheduler: string(b.scheduler), exclude: b.exclude}
 	rc.nodePortIPs = rc.policy.NodePortIPs
 	if rc.policy.NodePortsAnyLocal {
 		var err error
@@ -268,12 +269,12 @@ func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[
 // bound before its virtual services exist.
 func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 	if p.replace {
-		if err := kn.writeTable(p.elems, func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	} else if len(p.preDel)+len(p.add) > 0 {
-		if err := kn.writeTable(append(p.preDel, p.add...), func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	}
 	if err := kn.applyIPVS(f, p.create, p.update); err != nil {
@@ -286,8 +287,8 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 		return err
 	}
 	if len(p.postDel) > 0 {
-		if err := kn.writeTable(p.postDel, func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
-			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.name, err)
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
+			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.Name, err)
 		}
 	}
 	return nil
@@ -299,55 +300,63 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 // each, Rules the virtual services, real servers, helper-table elements
 // and rules.
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
-	var total dataplane.Counts
 	kn, err := b.open()
+	if err != nil {
+		return dataplane.Counts{}, err
+	}
+	defer kn.close()
+	return dataplane.SumFamilies(ctx, families, kn.programmed)
+}
+
+// programmed reads back what the kernel holds for family f.
+func (kn *kernel) programmed(f *family) (dataplane.Counts, error) {
+	var total dataplane.Counts
+	tc, ours, err := kn.ours(f, true, nil)
 	if err != nil {
 		return total, err
 	}
-	defer kn.close()
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return total, err
+	total.Rules += tc.elements + tc.rules
+	endpoints := map[string]map[netip.AddrPort]bool{}
+	for k, vs := range ours {
+		total.Rules += 1 + len(vs.dests)
+		port, recorded := tc.records[k]
+		if !recorded {
+			continue
 		}
-		tc, err := kn.readTable(f, true)
-		if err != nil {
-			return total, err
+		if endpoints[port] == nil {
+			endpoints[port] = map[netip.AddrPort]bool{}
 		}
-		addrs, err := kn.dummyAddrs(f)
-		if err != nil {
-			return total, err
-		}
-		ours, _, err := kn.readServices(f, tc.records, addrs, nil)
-		if err != nil {
-			return total, err
-		}
-		total.Rules += tc.elements + tc.rules
-		endpoints := map[string]map[netip.AddrPort]bool{}
-		for k, vs := range ours {
-			total.Rules += 1 + len(vs.dests)
-			port, recorded := tc.records[k]
-			if !recorded {
-				continue
-			}
-			if endpoints[port] == nil {
-				endpoints[port] = map[netip.AddrPort]bool{}
-			}
-			for d := range vs.dests {
-				endpoints[port][d] = true
-			}
-		}
-		total.Services += len(endpoints)
-		for _, eps := range endpoints {
-			total.Endpoints += len(eps)
+		for d := range vs.dests {
+			endpoints[port][d] = true
 		}
 	}
+	total.Services += len(endpoints)
+	for _, eps := range endpoints {
+		total.Endpoints += len(eps)
+	}
 	return total, nil
+}
+
+// ours reads family f's helper table (counting its rules and elements
+// with counts) and the virtual services in the kernel that are ours
+// (readServices; known are those the last sync programmed).
+func (kn *kernel) ours(f *family, counts bool, known map[vsKey]bool) (*tableContents, map[vsKey]*virtualService, error) {
+	tc, err := kn.readTable(f, counts)
+	if err != nil {
+		return nil, nil, err
+	}
+	addrs, err := kn.dummyAddrs(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	ours, _, err := kn.readServices(f, tc.records, addrs, known)
+	return tc, ours, err
 }
 
 // Present says whether the node holds any object of the backend (its
 // dummy interface or a helper table), programmed by this process or not:
 // whether this node has, or had and never cleaned up, IPVS mode.
-func (b *Backend) Present(ctx context.Context) (bool, error) {
+func (b *Backend) Present(context.Context) (bool, error) {
 	kn, err := b.open()
 	if err != nil {
 		return false, err
@@ -356,19 +365,7 @@ func (b *Backend) Present(ctx context.Context) (bool, error) {
 	if l, err := kn.dummy(false); err != nil || l != nil {
 		return l != nil, err
 	}
-	conn, err := kn.nft()
-	if err != nil {
-		return false, err
-	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		if t, err := helperTable(conn, f); err != nil || t != nil {
-			return t != nil, err
-		}
-	}
-	return false, nil
+	return nft.TableExists(kn.netns, TableName)
 }
 
 // Cleanup removes everything the backend owns: its virtual services (as
@@ -390,21 +387,13 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		tc, err := kn.readTable(f, false)
-		if err != nil {
-			return removed, err
-		}
-		addrs, err := kn.dummyAddrs(f)
-		if err != nil {
-			return removed, err
-		}
 		known := map[vsKey]bool{}
 		if st := b.state[f]; st != nil {
 			for k := range st.owners {
 				known[k] = true
 			}
 		}
-		ours, _, err := kn.readServices(f, tc.records, addrs, known)
+		tc, ours, err := kn.ours(f, false, known)
 		if err != nil {
 			return removed, err
 		}
@@ -430,22 +419,13 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 			removed = append(removed, "dummy interface "+DummyInterface+" with its addresses")
 		}
 	}
-	conn, err := kn.nft()
-	if err != nil {
-		return removed, errors.Join(append(errs, err)...)
-	}
 	for _, f := range families {
-		t, err := helperTable(conn, f)
-		if err != nil || t == nil {
-			errs = append(errs, err)
-			continue
+		line, err := nft.DeleteTable(kn.netns, f.Family, TableName)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: %w", err))
+		} else if line != "" {
+			removed = append(removed, line)
 		}
-		conn.DelTable(t)
-		if err := conn.Flush(); err != nil {
-			errs = append(errs, fmt.Errorf("ipvs: delete table %s %s: %w", f.name, TableName, err))
-			continue
-		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
 	}
 	return removed, errors.Join(errs...)
 }

@@ -20,12 +20,13 @@
 //     without a local endpoint, or enforce load-balancer source ranges.
 //     kube-proxy adds ipsets and iptables rules for that; this package
 //     uses one nftables table per IP family (TableName) over netlink
-//     instead: no iptables or ipset binaries, one atomic transaction per
-//     change, and sets and verdict maps that play the part of ipsets. Its
-//     rules are fixed; everything per service is a set element, so an
-//     incremental sync only adds and removes elements. The decisions
-//     themselves come from dataplane.PortPolicy, shared with the other
-//     backends, so that every mode treats traffic alike.
+//     instead, built with the nftables layer it shares with the nftables
+//     backend (../internal/nft): no iptables or ipset binaries, one
+//     atomic transaction per change, and sets and verdict maps that play
+//     the part of ipsets. Its rules are fixed; everything per service is a
+//     set element, so an incremental sync only adds and removes elements.
+//     The decisions themselves come from dataplane.PortPolicy, shared with
+//     the other backends, so that every mode treats traffic alike.
 //   - The backend owns only what it created. IPVS has one table per
 //     network namespace, shared with anyone else who uses it, so there is
 //     never a flush: a virtual service is the backend's when the helper

@@ -8,11 +8,12 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
-	mdnetlink "github.com/mdlayher/netlink"
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // The kernel side: IPVS over generic netlink (moby/ipvs), the dummy
@@ -25,7 +26,7 @@ import (
 // done, so that a Backend holds no file descriptors between calls and
 // needs no closing.
 type kernel struct {
-	netns int
+	netns nsexec.NS
 	ipvs  ipvsHandle
 	nl    *netlink.Handle
 }
@@ -39,8 +40,8 @@ func (b *Backend) open() (*kernel, error) {
 	// Routing netlink only: the default handle also opens XFRM, which
 	// nodes without IPsec modules lack.
 	var nl *netlink.Handle
-	if b.netns != 0 {
-		nl, err = netlink.NewHandleAt(netns.NsHandle(b.netns), unix.NETLINK_ROUTE)
+	if ns, ok := b.netns.Handle(); ok {
+		nl, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	} else {
 		nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
@@ -53,11 +54,7 @@ func (b *Backend) open() (*kernel, error) {
 
 // openLibIPVS opens moby/ipvs in the backend's namespace.
 func (b *Backend) openLibIPVS() (ipvsHandle, error) {
-	path := ""
-	if b.netns != 0 {
-		path = fmt.Sprintf("/proc/self/fd/%d", b.netns)
-	}
-	h, err := libipvs.New(path)
+	h, err := libipvs.New(b.netns.Path())
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: open IPVS: %w", err)
 	}
@@ -105,12 +102,12 @@ func libService(f *family, vs *virtualService) *libipvs.Service {
 
 // keyService identifies the virtual service k to the library.
 func keyService(f *family, k vsKey) *libipvs.Service {
-	return &libipvs.Service{AddressFamily: f.af, Address: net.IP(f.bytes(k.addr)), Protocol: uint16(k.proto), Port: k.port}
+	return &libipvs.Service{AddressFamily: f.af, Address: net.IP(f.Bytes(k.addr)), Protocol: uint16(k.proto), Port: k.port}
 }
 
 func libDestination(f *family, d netip.AddrPort, weight int) *libipvs.Destination {
 	return &libipvs.Destination{
-		AddressFamily: f.af, Address: net.IP(f.bytes(d.Addr())), Port: d.Port(),
+		AddressFamily: f.af, Address: net.IP(f.Bytes(d.Addr())), Port: d.Port(),
 		Weight: weight, ConnectionFlags: libipvs.ConnectionFlagMasq,
 	}
 }
@@ -280,7 +277,7 @@ func (kn *kernel) addrsOf(link netlink.Link, f *family, skip ...int) ([]netip.Ad
 	}
 	list, err := kn.nl.AddrList(link, nlFamily)
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: list %s addresses: %w", f.name, err)
+		return nil, fmt.Errorf("ipvs: list %s addresses: %w", f.Name, err)
 	}
 	var out []netip.Addr
 	for _, a := range list {
@@ -350,46 +347,13 @@ func (kn *kernel) bindAddrs(ensure bool, bind, unbind []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
-// nft returns a google/nftables connection to the backend's namespace.
-func (kn *kernel) nft() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithNetNSFd(kn.netns))
-}
-
-// writeTable sends, as one transaction, what queue queues for elems.
-// The library sends a batch in one sendmsg, which the kernel refuses
-// when it exceeds the socket's send buffer (EMSGSIZE): a full sync of a
-// thousand services already does. The buffer is sized for the batch
-// (SO_SNDBUFFORCE, which the agent's CAP_NET_ADMIN allows); the kernel
-// allocates only what a message needs.
-func (kn *kernel) writeTable(elems []element, queue func(*nftables.Conn) error) error {
-	size := 1 << 20
-	for _, e := range elems {
-		size += 2 * (len(e.key) + len(e.keyEnd) + len(e.comment) + 64)
-	}
-	conn, err := nftables.New(nftables.WithNetNSFd(kn.netns),
-		nftables.WithSockOptions(func(c *mdnetlink.Conn) error { return c.SetWriteBuffer(size) }))
-	if err != nil {
+// writeTable sends, as one transaction, what queue queues.
+func (kn *kernel) writeTable(queue func(*nftables.Conn) error) error {
+	t := nft.NewTxn(kn.netns)
+	if err := queue(t.Conn()); err != nil {
 		return err
 	}
-	if err := queue(conn); err != nil {
-		return err
-	}
-	return conn.Flush()
-}
-
-// helperTable returns the family's helper table as the kernel has it,
-// nil if there is none.
-func helperTable(conn *nftables.Conn, f *family) (*nftables.Table, error) {
-	tables, err := conn.ListTablesOfFamily(f.table)
-	if err != nil {
-		return nil, fmt.Errorf("ipvs: list %s tables: %w", f.name, err)
-	}
-	for _, t := range tables {
-		if t.Name == TableName {
-			return t, nil
-		}
-	}
-	return nil, nil
+	return t.Commit()
 }
 
 // tableContents is what the kernel holds in a helper table.
@@ -407,17 +371,13 @@ type tableContents struct {
 // rewrite the rest anyway).
 func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 	tc := &tableContents{records: map[vsKey]string{}}
-	conn, err := kn.nft()
-	if err != nil {
-		return nil, err
-	}
-	t, err := helperTable(conn, f)
+	conn, t, err := nft.OpenTable(kn.netns, f.Table, TableName)
 	if err != nil || t == nil {
 		return tc, err
 	}
 	sets, err := conn.GetSets(t)
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: list the sets of %s %s: %w", f.name, TableName, err)
+		return nil, fmt.Errorf("ipvs: list the sets of %s %s: %w", f.Name, TableName, err)
 	}
 	for _, s := range sets {
 		if s.Anonymous || !counts && s.Name != setVirtualServices {
@@ -425,7 +385,7 @@ func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 		}
 		elems, err := conn.GetSetElements(s)
 		if err != nil {
-			return nil, fmt.Errorf("ipvs: list %s %s set %s: %w", f.name, TableName, s.Name, err)
+			return nil, fmt.Errorf("ipvs: list %s %s set %s: %w", f.Name, TableName, s.Name, err)
 		}
 		for _, e := range elems {
 			if e.IntervalEnd {
@@ -442,19 +402,12 @@ func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 	if !counts {
 		return tc, nil
 	}
-	chains, err := conn.ListChainsOfTableFamily(f.table)
+	rules, err := nft.RuleCounts(kn.netns, f.Table, TableName)
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: list %s chains: %w", f.name, err)
+		return nil, fmt.Errorf("ipvs: %w", err)
 	}
-	for _, c := range chains {
-		if c.Table == nil || c.Table.Name != TableName {
-			continue
-		}
-		rules, err := conn.GetRules(t, c)
-		if err != nil {
-			return nil, fmt.Errorf("ipvs: list the rules of %s %s chain %s: %w", f.name, TableName, c.Name, err)
-		}
-		tc.rules += len(rules)
+	for _, n := range rules {
+		tc.rules += n
 	}
 	return tc, nil
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -13,7 +14,7 @@ import (
 // of every service port and who holds which virtual service.
 type familyState struct {
 	rc     *renderConfig
-	chains []tableChain
+	chains []nft.Chain
 	ports  map[model.ServicePortName]*portObjects
 	// owners maps each virtual service to the port holding it.
 	owners map[vsKey]model.ServicePortName
@@ -144,7 +145,7 @@ func (st *familyState) counts() dataplane.Counts {
 	c := st.totals
 	c.Rules += len(st.elemRefs) + len(fixedElements())
 	for _, ch := range st.chains {
-		c.Rules += len(ch.rules)
+		c.Rules += len(ch.Rules)
 	}
 	return c
 }

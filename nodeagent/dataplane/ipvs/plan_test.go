@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -56,10 +57,10 @@ func describePlan(p *plan) string {
 
 // baseModel is three services of every shape the incremental tests touch.
 func baseModel() map[model.ServicePortName]*model.ServicePort {
-	return portsOf(
-		svc("default", "web", "http", "10.96.0.10", 80, nodePort(30080), ep("10.244.1.2", 8080), ep("10.244.2.3", 8080)),
-		svc("default", "api", "http", "10.96.0.20", 80, lb("198.18.100.1"), sourceRanges("203.0.113.0/24"), ep("10.244.1.4", 8080)),
-		svc("default", "dns", "dns", "10.96.0.53", 53, udp, externalIPs("198.18.50.5"), ep("10.244.1.9", 53)),
+	return dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.NodePort(30080), dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080)),
+		dt.Svc("default", "api", "http", "10.96.0.20", 80, dt.LB("198.18.100.1"), dt.SourceRanges("203.0.113.0/24"), dt.EP("10.244.1.4", 8080)),
+		dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.9", 53)),
 	)
 }
 
@@ -97,7 +98,7 @@ func TestIncrementalOneEndpointChange(t *testing.T) {
 	base := baseModel()
 	next := baseModel()
 	web := nameOf("web", next)
-	next[web] = svc("default", "web", "http", "10.96.0.10", 80, nodePort(30080), ep("10.244.1.2", 8080), ep("10.244.3.7", 8080))
+	next[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.NodePort(30080), dt.EP("10.244.1.2", 8080), dt.EP("10.244.3.7", 8080))
 	p, _ := incremental(t, base, next, "web")
 	want := strings.Join([]string{
 		"add hairpin: 10.244.3.7 . 10.244.3.7",
@@ -155,7 +156,7 @@ func TestIncrementalEndpointsGone(t *testing.T) {
 	base := baseModel()
 	next := baseModel()
 	dns := nameOf("dns", next)
-	next[dns] = svc("default", "dns", "dns", "10.96.0.53", 53, udp, externalIPs("198.18.50.5"))
+	next[dns] = dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"))
 	p, _ := incremental(t, base, next, "dns")
 	want := strings.Join([]string{
 		// The masquerading elements go with the endpoints, before the
@@ -180,7 +181,7 @@ func TestIncrementalTerminatingEndpointDrains(t *testing.T) {
 	base := baseModel()
 	next := baseModel()
 	web := nameOf("web", next)
-	next[web] = svc("default", "web", "http", "10.96.0.10", 80, nodePort(30080), ep("10.244.1.2", 8080), ep("10.244.2.3", 8080, terminating))
+	next[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.NodePort(30080), dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080, dt.Terminating))
 	p, _ := incremental(t, base, next, "web")
 	want := strings.Join([]string{
 		"set real server 10.244.2.3:8080 of tcp/10.96.0.10:80 weight 0",
@@ -209,7 +210,7 @@ func TestIncrementalKeepsUnchangedClaims(t *testing.T) {
 	base := baseModel()
 	next := baseModel()
 	// "zz" wants api's load-balancer IP and port; api keeps it.
-	zz := svc("default", "zz", "http", "10.96.0.99", 80, externalIPs("198.18.100.1"), ep("10.244.1.50", 8080))
+	zz := dt.Svc("default", "zz", "http", "10.96.0.99", 80, dt.ExternalIPs("198.18.100.1"), dt.EP("10.244.1.50", 8080))
 	next[zz.Name] = zz
 	st, _ := newState(testRenderConfig(ipv4, testConfig), base, nil)
 	changes, _ := changesFor(st, next, model.ChangeSet{zz.Name: {}})
@@ -263,7 +264,7 @@ func TestForeignConflict(t *testing.T) {
 
 func TestFullPlan(t *testing.T) {
 	st, _ := newState(testRenderConfig(ipv4, testConfig), baseModel(), nil)
-	kv := &kernelView{services: st.services(), addrs: addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
+	kv := &kernelView{services: st.services(), addrs: dt.Addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
 	p := fullPlan(st, kv)
 	if len(p.create)+len(p.update)+len(p.remove)+len(p.bind)+len(p.unbind)+len(p.postDel) > 0 {
 		t.Errorf("the kernel holds the state, yet the full plan changes it:\n%s", describePlan(p))
@@ -272,7 +273,7 @@ func TestFullPlan(t *testing.T) {
 	// Drift: a real server gone, a weight changed, one of ours left over
 	// (a service deleted while the agent was down), an address missing
 	// and a stray one bound.
-	kv = &kernelView{services: map[vsKey]*virtualService{}, addrs: addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "10.96.7.7")}
+	kv = &kernelView{services: map[vsKey]*virtualService{}, addrs: dt.Addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "10.96.7.7")}
 	for k, vs := range st.services() {
 		c := *vs
 		c.dests = map[netip.AddrPort]int{}
@@ -337,7 +338,7 @@ func TestCounts(t *testing.T) {
 	}
 	rules := 0
 	for _, ch := range st.chains {
-		rules += len(ch.rules)
+		rules += len(ch.Rules)
 	}
 	services := st.services()
 	dests := 0

@@ -8,11 +8,8 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -25,7 +22,7 @@ type vsKey struct {
 
 // String renders the key as protocol/address:port.
 func (k vsKey) String() string {
-	return protoName(k.proto) + "/" + netip.AddrPortFrom(k.addr, k.port).String()
+	return nft.ProtoName(k.proto) + "/" + netip.AddrPortFrom(k.addr, k.port).String()
 }
 
 func compareKeys(a, b vsKey) int {
@@ -58,7 +55,7 @@ type element struct {
 	key    []byte
 	keyEnd []byte
 	// verdict is set for the elements of verdict maps.
-	verdict *expr.Verdict
+	verdict *nft.Verdict
 	comment string
 	// owner is the virtual service the element serves; the zero key for
 	// elements shared by several (service addresses, hairpin pairs).
@@ -115,7 +112,7 @@ type renderConfig struct {
 func renderPort(rc *renderConfig, sp *model.ServicePort) *portObjects {
 	f := rc.f
 	p := policy{rc.policy.PortPolicy(sp)}
-	proto := protoNumber(sp.Protocol)
+	proto := nft.ProtoNumber(sp.Protocol)
 	// Each virtual service has its record, up to three verdicts and a
 	// hairpin pair per endpoint; addresses have their service-ips element.
 	services := 1 + len(p.ExternalAddrs) + len(rc.nodePortIPs)
@@ -153,7 +150,7 @@ func renderPort(rc *renderConfig, sp *model.ServicePort) *portObjects {
 		}
 		return true
 	}
-	verdictFor := func(m string, k vsKey, v *expr.Verdict) {
+	verdictFor := func(m string, k vsKey, v *nft.Verdict) {
 		objs.elems = append(objs.elems, keyElement(f, m, k, v, ""))
 	}
 
@@ -290,40 +287,28 @@ func (p *policy) externalBySource() map[string]dataplane.ExternalRule {
 
 // The verdicts of the helper table's maps.
 var (
-	gotoReject   = &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}
-	jumpMarkMasq = &expr.Verdict{Kind: expr.VerdictJump, Chain: chainMarkMasq}
-	verdictDrop  = &expr.Verdict{Kind: expr.VerdictDrop}
+	gotoReject   = nft.GotoChain(chainReject)
+	jumpMarkMasq = nft.JumpTo(chainMarkMasq)
+	verdictDrop  = nft.Drop
 )
-
-func verdictText(v *expr.Verdict) string {
-	switch v.Kind {
-	case expr.VerdictGoto:
-		return "goto " + v.Chain
-	case expr.VerdictJump:
-		return "jump " + v.Chain
-	case expr.VerdictDrop:
-		return "drop"
-	}
-	return fmt.Sprintf("verdict %d %s", v.Kind, v.Chain)
-}
 
 // keyBytes is a virtual service's key as the helper table's
 // "address . inet_proto . inet_service" keys hold it: each field padded
 // to a 32-bit register.
 func keyBytes(f *family, k vsKey) []byte {
-	b := append(f.bytes(k.addr), k.proto, 0, 0, 0)
+	b := append(f.Bytes(k.addr), k.proto, 0, 0, 0)
 	return append(b, byte(k.port>>8), byte(k.port), 0, 0)
 }
 
 func keyText(k vsKey) string {
-	return fmt.Sprintf("%s . %s . %d", k.addr, protoName(k.proto), k.port)
+	return fmt.Sprintf("%s . %s . %d", k.addr, nft.ProtoName(k.proto), k.port)
 }
 
 // keyElement is the element of virtual service k in set or map m.
-func keyElement(f *family, m string, k vsKey, v *expr.Verdict, comment string) element {
+func keyElement(f *family, m string, k vsKey, v *nft.Verdict, comment string) element {
 	text := keyText(k)
 	if v != nil {
-		text += " : " + verdictText(v)
+		text += " : " + v.String()
 	}
 	return element{set: m, key: keyBytes(f, k), verdict: v, comment: comment, owner: k}.identify(text)
 }
@@ -335,31 +320,21 @@ func firewallElement(f *family, k vsKey, r netip.Prefix) element {
 	r = r.Masked()
 	return element{
 		set:    setFirewallAllowed,
-		key:    append(keyBytes(f, k), f.bytes(r.Addr())...),
-		keyEnd: append(keyBytes(f, k), f.bytes(lastAddr(r))...),
+		key:    append(keyBytes(f, k), f.Bytes(r.Addr())...),
+		keyEnd: append(keyBytes(f, k), f.Bytes(nft.LastAddr(r))...),
 		owner:  k,
 	}.identify(keyText(k) + " . " + r.String())
 }
 
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // addrElement is address a in the address set m.
 func addrElement(f *family, m string, a netip.Addr) element {
-	return element{set: m, key: f.bytes(a)}.identify(a.String())
+	return element{set: m, key: f.Bytes(a)}.identify(a.String())
 }
 
 // hairpinElement matches packets from endpoint address a to itself.
 func hairpinElement(f *family, a netip.Addr) element {
 	text := a.String()
-	return element{set: setHairpin, key: append(f.bytes(a), f.bytes(a)...)}.identify(text + " . " + text)
+	return element{set: setHairpin, key: append(f.Bytes(a), f.Bytes(a)...)}.identify(text + " . " + text)
 }
 
 // sortedUnique sorts elements by id and drops repeated ones.
@@ -370,27 +345,4 @@ func sortedUnique(elems []element) []element {
 
 func endpointAddr(e model.Endpoint) netip.AddrPort {
 	return netip.AddrPortFrom(e.IP.Unmap(), uint16(e.Port))
-}
-
-func protoNumber(p corev1.Protocol) uint8 {
-	switch p {
-	case corev1.ProtocolUDP:
-		return unix.IPPROTO_UDP
-	case corev1.ProtocolSCTP:
-		return unix.IPPROTO_SCTP
-	default:
-		return unix.IPPROTO_TCP
-	}
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
-	}
-	return strconv.Itoa(int(p))
 }

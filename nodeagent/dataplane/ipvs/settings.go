@@ -2,14 +2,11 @@ package ipvs
 
 import (
 	"fmt"
-	"math"
 	"net/netip"
 	"slices"
 	"time"
 
 	libipvs "github.com/moby/ipvs"
-
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
 // Timeouts are IPVS's connection timeouts, one set per network
@@ -37,40 +34,6 @@ func WithTimeouts(t Timeouts) Option {
 // forgotten.
 func WithExcludeCIDRs(cidrs ...netip.Prefix) Option {
 	return func(b *Backend) { b.exclude = cidrs }
-}
-
-// SettingsOptions returns the options a ProxyNode's IPVS settings ask
-// for: the scheduler, strictARP, the timeouts and the excluded CIDRs (nil
-// settings ask for nothing). It fails on a timeout or CIDR the kernel
-// cannot take.
-func SettingsOptions(s *v1alpha1.IPVSSettings) ([]Option, error) {
-	if s == nil {
-		return nil, nil
-	}
-	var t Timeouts
-	for _, d := range []struct {
-		name  string
-		value v1alpha1.Duration
-		into  *time.Duration
-	}{{"tcpTimeout", s.TCPTimeout, &t.TCP}, {"tcpFinTimeout", s.TCPFinTimeout, &t.TCPFin}, {"udpTimeout", s.UDPTimeout, &t.UDP}} {
-		v, err := d.value.Parse(0)
-		if err != nil {
-			return nil, fmt.Errorf("ipvs: %s: %w", d.name, err)
-		}
-		if v < 0 || v%time.Second != 0 || v/time.Second > math.MaxUint32 {
-			return nil, fmt.Errorf("ipvs: %s %s is not a whole number of seconds (IPVS counts in seconds; 0 keeps the kernel's)", d.name, d.value)
-		}
-		*d.into = v
-	}
-	exclude := make([]netip.Prefix, 0, len(s.ExcludeCIDRs))
-	for _, c := range s.ExcludeCIDRs {
-		p, err := netip.ParsePrefix(string(c))
-		if err != nil {
-			return nil, fmt.Errorf("ipvs: excludeCIDRs: %w", err)
-		}
-		exclude = append(exclude, p.Masked())
-	}
-	return []Option{WithScheduler(s.Scheduler), WithStrictARP(s.StrictARP), WithTimeouts(t), WithExcludeCIDRs(exclude...)}, nil
 }
 
 // excluded says whether addr lies in one of cidrs.

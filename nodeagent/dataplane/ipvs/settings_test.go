@@ -9,43 +9,9 @@ import (
 
 	libipvs "github.com/moby/ipvs"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
-
-func TestSettingsOptions(t *testing.T) {
-	opts, err := SettingsOptions(&v1alpha1.IPVSSettings{
-		Scheduler: "sh", StrictARP: true, TCPTimeout: "15m", TCPFinTimeout: "30s",
-		ExcludeCIDRs: []v1alpha1.CIDR{"198.18.200.7/24", "fd00::/64"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &Backend{}
-	for _, o := range opts {
-		o(b)
-	}
-	if b.scheduler != "sh" || !b.strictARP {
-		t.Errorf("scheduler %q, strictARP %v; want sh and true", b.scheduler, b.strictARP)
-	}
-	if want := (Timeouts{TCP: 15 * time.Minute, TCPFin: 30 * time.Second}); b.timeouts != want {
-		t.Errorf("timeouts %+v, want %+v", b.timeouts, want)
-	}
-	if want := []netip.Prefix{netip.MustParsePrefix("198.18.200.0/24"), netip.MustParsePrefix("fd00::/64")}; !slices.Equal(b.exclude, want) {
-		t.Errorf("excluded CIDRs %v, want %v", b.exclude, want)
-	}
-	if opts, err := SettingsOptions(nil); len(opts) != 0 || err != nil {
-		t.Errorf("nil settings give %d options, %v", len(opts), err)
-	}
-	for _, bad := range []v1alpha1.IPVSSettings{
-		{TCPTimeout: "1500ms"}, {UDPTimeout: "-1s"}, {TCPFinTimeout: "soon"}, {TCPTimeout: "2000000h"},
-		{ExcludeCIDRs: []v1alpha1.CIDR{"198.18.0.1"}},
-	} {
-		if _, err := SettingsOptions(&bad); err == nil {
-			t.Errorf("SettingsOptions(%+v) succeeded", bad)
-		}
-	}
-}
 
 func TestTimeoutsToSet(t *testing.T) {
 	kernel := &libipvs.Config{TimeoutTCP: 900 * time.Second, TimeoutTCPFin: 120 * time.Second, TimeoutUDP: 300 * time.Second}
@@ -98,7 +64,7 @@ func TestExcludedNotDeletedIncrementally(t *testing.T) {
 // recording it, and deletes the one outside.
 func TestExcludedNotDeletedByFullSync(t *testing.T) {
 	st, _ := newState(excludeConfig(), baseModel(), nil)
-	kv := &kernelView{services: st.services(), addrs: addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
+	kv := &kernelView{services: st.services(), addrs: dt.Addrs("10.96.0.10", "10.96.0.20", "10.96.0.53", "198.18.100.1", "198.18.50.5")}
 	stale := vsKey{addr: netip.MustParseAddr("10.96.7.7"), proto: 6, port: 443}
 	kept := vsKey{addr: netip.MustParseAddr("198.18.100.9"), proto: 6, port: 443}
 	kv.services[stale] = &virtualService{key: stale, scheduler: "rr"}

@@ -8,9 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Setting is one kernel setting of the node's network namespace that the
@@ -103,7 +101,7 @@ var _ dataplane.SettingsReporter = (*Backend)(nil)
 // KernelSettings reads back the sysctls the backend sets, for the node's
 // status (dataplane.SettingsReporter). A setting that cannot be read
 // (IPVS not loaded yet) has an empty Value.
-func (b *Backend) KernelSettings() ([]v1alpha1.KernelSetting, error) {
+func (b *Backend) KernelSettings() ([]dataplane.KernelSetting, error) {
 	settings := b.settings(kernelRelease())
 	err := b.inNetNS(func() error {
 		for i, s := range settings {
@@ -113,18 +111,18 @@ func (b *Backend) KernelSettings() ([]v1alpha1.KernelSetting, error) {
 		}
 		return nil
 	})
-	return apiSettings(settings), err
+	return kernelSettings(settings), err
 }
 
-// apiSettings converts settings for the ProxyNode status, in their order;
+// kernelSettings converts settings for the node's status, in their order;
 // Why stays out (it is the same on every node).
-func apiSettings(settings []Setting) []v1alpha1.KernelSetting {
+func kernelSettings(settings []Setting) []dataplane.KernelSetting {
 	if len(settings) == 0 {
 		return nil
 	}
-	out := make([]v1alpha1.KernelSetting, 0, len(settings))
+	out := make([]dataplane.KernelSetting, 0, len(settings))
 	for _, s := range settings {
-		out = append(out, v1alpha1.KernelSetting{Name: s.Name, Want: s.Want, Value: s.Value})
+		out = append(out, dataplane.KernelSetting{Name: s.Name, Want: s.Want, Value: s.Value})
 	}
 	return out
 }
@@ -134,9 +132,5 @@ func apiSettings(settings []Setting) []v1alpha1.KernelSetting {
 // them. The thread is thrown away afterwards if it cannot return to its
 // own namespace.
 func (b *Backend) inNetNS(fn func() error) error {
-	ns := nsexec.Current
-	if b.netns > 0 {
-		ns = nsexec.NS(b.netns)
-	}
-	return ns.Do(fn)
+	return b.netns.Do(fn)
 }

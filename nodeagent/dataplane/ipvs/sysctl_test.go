@@ -4,23 +4,23 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
-func TestAPISettingsKeepsNameWantAndValueInOrder(t *testing.T) {
-	if got := apiSettings(nil); got != nil {
-		t.Errorf("apiSettings(nil) = %v; want nil", got)
+func TestKernelSettingsKeepNameWantAndValueInOrder(t *testing.T) {
+	if got := kernelSettings(nil); got != nil {
+		t.Errorf("kernelSettings(nil) = %v; want nil", got)
 	}
-	got := apiSettings([]Setting{
+	got := kernelSettings([]Setting{
 		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1", Why: "masquerading"},
 		{Name: "net.ipv4.vs.conn_reuse_mode", Want: "0", Why: "old kernel"},
 	})
-	want := []v1alpha1.KernelSetting{
+	want := []dataplane.KernelSetting{
 		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
 		{Name: "net.ipv4.vs.conn_reuse_mode", Want: "0"},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("apiSettings = %+v; want %+v", got, want)
+		t.Errorf("kernelSettings = %+v; want %+v", got, want)
 	}
 }
 

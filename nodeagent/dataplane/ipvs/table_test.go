@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/nftables"
 
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -27,7 +29,7 @@ func tableNS(t *testing.T) (*netlab.NetNS, *kernel) {
 	if err != nil {
 		t.Skipf("needs nf_tables in the kernel (listing tables failed: %v)", err)
 	}
-	return ns, &kernel{netns: ns.FD()}
+	return ns, &kernel{netns: ns.NS()}
 }
 
 // commitTable writes a plan's helper-table part: the replacement of the
@@ -36,10 +38,10 @@ func commitTable(t *testing.T, b *kernel, f *family, st *familyState, p *plan) {
 	t.Helper()
 	var err error
 	if p.replace {
-		err = b.writeTable(p.elems, func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) })
+		err = b.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) })
 	} else {
 		del := append(p.preDel, p.postDel...)
-		err = b.writeTable(append(del, p.add...), func(conn *nftables.Conn) error { return queueElements(conn, f, del, p.add) })
+		err = b.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, del, p.add) })
 	}
 	if err != nil {
 		t.Fatalf("write the helper table: %v", err)
@@ -55,7 +57,7 @@ func checkTable(t *testing.T, b *kernel, f *family, st *familyState) {
 	}
 	rules := 0
 	for _, c := range st.chains {
-		rules += len(c.rules)
+		rules += len(c.Rules)
 	}
 	elems := st.elements()
 	if tc.rules != rules || tc.elements != len(elems)+len(fixedElements()) {
@@ -71,18 +73,21 @@ func checkTable(t *testing.T, b *kernel, f *family, st *familyState) {
 }
 
 func TestHelperTableInKernel(t *testing.T) {
-	_, b := tableNS(t)
+	ns, b := tableNS(t)
 	for _, f := range families {
-		t.Run(f.name, func(t *testing.T) {
+		t.Run(f.Name, func(t *testing.T) {
 			rc := testRenderConfig(f, testConfig)
 			base := baseModel()
 			if f == ipv6 {
-				base = portsOf(svc("default", "web", "http", "fd00:10:96::10", 80, nodePort(30080), lb("2001:db8:100::1"),
-					sourceRanges("2001:db8:200::/64"), ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::3", 8080, local)))
+				base = dt.PortsOf(dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080), dt.LB("2001:db8:100::1"),
+					dt.SourceRanges("2001:db8:200::/64"), dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)))
 			}
 			st, _ := newState(rc, base, nil)
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
 			checkTable(t, b, f, st)
+			t.Run("nft-lists-the-chains-of-the-dump", func(t *testing.T) {
+				nfttest.EqualChains(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), dumpTable(f, st.chains))
+			})
 
 			// A second full sync replaces the table in place.
 			commitTable(t, b, f, st, fullPlan(st, &kernelView{}))
@@ -112,7 +117,7 @@ func TestHelperTableInKernel(t *testing.T) {
 // buffer takes in one sendmsg.
 func TestHelperTableLarge(t *testing.T) {
 	_, b := tableNS(t)
-	st, _ := newState(testRenderConfig(ipv4, testConfig), benchModel(2000).Ports[ipv4.model], nil)
+	st, _ := newState(testRenderConfig(ipv4, testConfig), dt.BenchModel(2000).Ports[ipv4.Model], nil)
 	commitTable(t, b, ipv4, st, fullPlan(st, &kernelView{}))
 	checkTable(t, b, ipv4, st)
 }

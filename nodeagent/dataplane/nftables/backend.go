@@ -12,16 +12,17 @@ import (
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Backend is the nftables dataplane. It is safe for concurrent use: syncs
 // and cleanups are serialized, Programmed and Present only read.
 type Backend struct {
 	cfg   dataplane.NodeConfig
-	netns int
+	netns nsexec.NS
 	// policy is the node's policy for each family.
 	policy map[*family]*dataplane.NodePolicy
 
@@ -47,11 +48,11 @@ var _ dataplane.Backend = (*Backend)(nil)
 // Option configures a Backend.
 type Option func(*Backend)
 
-// WithNetNSFd makes the backend program the network namespace the file
-// descriptor fd refers to instead of the caller's, without switching any
-// thread's namespace. The caller keeps fd open while the backend is used.
-func WithNetNSFd(fd int) Option {
-	return func(b *Backend) { b.netns = fd }
+// WithNetNS makes the backend program network namespace ns instead of
+// the caller's, without switching any thread's namespace. The caller
+// keeps ns open while the backend is used.
+func WithNetNS(ns nsexec.NS) Option {
+	return func(b *Backend) { b.netns = ns }
 }
 
 // New returns a backend for the node cfg describes. It does not touch the
@@ -77,8 +78,8 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Mode returns v1alpha1.ModeNFTables.
-func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeNFTables }
+// Mode returns "nftables".
+func (b *Backend) Mode() string { return "nftables" }
 
 // Sync programs the model's families (those present in req.Model.Ports)
 // into the table of each, one transaction per family.
@@ -91,9 +92,6 @@ func (b *Backend) Mode() v1alpha1.ProxyMode { return v1alpha1.ModeNFTables }
 // still ask for a full sync now and then, since drift that an incremental
 // sync does not trip over (a flushed chain) is only repaired by one.
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
-	if req.Model == nil {
-		return dataplane.Counts{}, errors.New("nftables: sync without a model")
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
@@ -104,7 +102,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {
-		c = add(c, st.counts)
+		c = c.Plus(st.counts)
 	}
 	return c, errors.Join(errs...)
 }
@@ -128,7 +126,7 @@ func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.Service
 	ops, stale := fullPlan(rs, kt)
 	if err := b.commit(f, ops); err != nil {
 		if err2 := b.commit(f, replacePlan(rs, kt != nil)); err2 != nil {
-			return fmt.Errorf("nftables: sync %s table: %w", f.name, errors.Join(err, err2))
+			return fmt.Errorf("nftables: sync %s table: %w", f.Name, errors.Join(err, err2))
 		}
 		stale = nil
 	}
@@ -157,7 +155,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 			st.claims.release(ch.name, ch.old)
 			st.rs.hairpin.add(ch.old.hairpin, -1)
 			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
-			st.counts = sub(st.counts, ch.old.counts())
+			st.counts = st.counts.Minus(ch.old.counts())
 		}
 	}
 	for _, ch := range changes {
@@ -170,7 +168,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		st.rs.nextID = max(st.rs.nextID, ch.new.id+1)
 		st.rs.hairpin.add(ch.new.hairpin, 1)
 		st.rs.endpointMaps.addEndpointMap(ch.new, 1)
-		st.counts = add(st.counts, ch.new.counts())
+		st.counts = st.counts.Plus(ch.new.counts())
 	}
 	st.counts.Rules += len(st.rs.hairpin)
 	// A chain flushed by an earlier sync may be wanted again: it exists,
@@ -181,7 +179,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 	for _, ch := range changes {
 		if ch.new != nil {
 			for _, c := range ch.new.chains {
-				delete(b.stale[f], c.name)
+				delete(b.stale[f], c.Name)
 			}
 		}
 	}
@@ -252,47 +250,24 @@ func (b *Backend) deleteStale(f *family) {
 
 // commit sends ops as one transaction on the family's table.
 func (b *Backend) commit(f *family, ops []op) error {
-	t := newTxn(b.netns)
-	if err := queue(t.conn, f, ops); err != nil {
+	t := nft.NewTxn(b.netns)
+	if err := queue(t.Conn(), f, ops); err != nil {
 		return err
 	}
-	return t.commit()
-}
-
-// conn returns a google/nftables connection for reading.
-func (b *Backend) conn() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithNetNSFd(b.netns))
-}
-
-// table returns our table of family f as the kernel has it, nil if absent.
-func (b *Backend) table(conn *nftables.Conn, f *family) (*nftables.Table, error) {
-	tables, err := conn.ListTablesOfFamily(f.table)
-	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s tables: %w", f.name, err)
-	}
-	for _, t := range tables {
-		if t.Name == TableName {
-			return t, nil
-		}
-	}
-	return nil, nil
+	return t.Commit()
 }
 
 // list reads the definitions of the chains and named sets of the
 // family's table; nil if there is no table.
 func (b *Backend) list(f *family) (*kernelTable, error) {
-	conn, err := b.conn()
-	if err != nil {
-		return nil, err
-	}
-	t, err := b.table(conn, f)
+	conn, t, err := nft.OpenTable(b.netns, f.Table, TableName)
 	if err != nil || t == nil {
 		return nil, err
 	}
 	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
-	chains, err := conn.ListChainsOfTableFamily(f.table)
+	chains, err := conn.ListChainsOfTableFamily(f.Table)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s chains: %w", f.name, err)
+		return nil, fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
 	}
 	for _, c := range chains {
 		if c.Table != nil && c.Table.Name == TableName {
@@ -301,7 +276,7 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 	}
 	sets, err := conn.GetSets(t)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+		return nil, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
 	}
 	for _, s := range sets {
 		if !s.Anonymous {
@@ -318,70 +293,70 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 // every rule plus every element of the maps and sets a sync writes (not
 // the affinity sets, which the packet path fills).
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	conn, err := nft.Open(b.netns)
+	if err != nil {
+		return dataplane.Counts{}, err
+	}
+	return dataplane.SumFamilies(ctx, families, func(f *family) (dataplane.Counts, error) { return b.programmed(conn, f) })
+}
+
+// programmed reads back what the kernel holds in family f's table.
+func (b *Backend) programmed(conn *nftables.Conn, f *family) (dataplane.Counts, error) {
 	var total dataplane.Counts
-	conn, err := b.conn()
+	t, err := nft.FindTable(conn, f.Table, TableName)
 	if err != nil {
 		return total, err
 	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		t, err := b.table(conn, f)
-		if err != nil {
-			return total, err
-		}
-		if t == nil {
+	if t == nil {
+		return total, nil
+	}
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return total, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
+	}
+	services := map[string]bool{}
+	// endpoints holds, per service port (its id), the distinct
+	// endpoints of its elements in the service-endpoints maps.
+	endpoints := map[string]map[string]bool{}
+	for _, s := range sets {
+		if s.Anonymous || s.HasTimeout {
 			continue
 		}
-		sets, err := conn.GetSets(t)
+		elems, err := conn.GetSetElements(s)
 		if err != nil {
-			return total, fmt.Errorf("nftables: list %s sets: %w", f.name, err)
+			return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
 		}
-		services := map[string]bool{}
-		// endpoints holds, per service port (its id), the distinct
-		// endpoints of its elements in the service-endpoints maps.
-		endpoints := map[string]map[string]bool{}
-		for _, s := range sets {
-			if s.Anonymous || s.HasTimeout {
+		isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
+		for _, e := range elems {
+			if e.IntervalEnd {
 				continue
 			}
-			elems, err := conn.GetSetElements(s)
-			if err != nil {
-				return total, fmt.Errorf("nftables: list %s set %s: %w", f.name, s.Name, err)
+			total.Rules++
+			if sharedMaps[s.Name] && e.Comment != "" {
+				services[e.Comment] = true
 			}
-			isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
-			for _, e := range elems {
-				if e.IntervalEnd {
-					continue
+			if isEndpoints && len(e.Key) == 8 {
+				// The key's first half is id<<1|choice.
+				port := string(e.Key[:3]) + string(e.Key[3]&^1)
+				if endpoints[port] == nil {
+					endpoints[port] = map[string]bool{}
 				}
-				total.Rules++
-				if sharedMaps[s.Name] && e.Comment != "" {
-					services[e.Comment] = true
-				}
-				if isEndpoints && len(e.Key) == 8 {
-					// The key's first half is id<<1|choice.
-					port := string(e.Key[:3]) + string(e.Key[3]&^1)
-					if endpoints[port] == nil {
-						endpoints[port] = map[string]bool{}
-					}
-					endpoints[port][string(e.Val)] = true
-				}
+				endpoints[port][string(e.Val)] = true
 			}
 		}
-		total.Services += len(services)
-		for _, eps := range endpoints {
-			total.Endpoints += len(eps)
-		}
-		counts, err := ruleCounts(b.netns, f.table, TableName)
-		if err != nil {
-			return total, err
-		}
-		for chain, n := range counts {
-			total.Rules += n
-			if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
-				total.Endpoints++
-			}
+	}
+	total.Services += len(services)
+	for _, eps := range endpoints {
+		total.Endpoints += len(eps)
+	}
+	counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
+	if err != nil {
+		return total, err
+	}
+	for chain, n := range counts {
+		total.Rules += n
+		if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
+			total.Endpoints++
 		}
 	}
 	return total, nil
@@ -390,21 +365,8 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 // Present says whether the proxyshift table exists in either family:
 // whether this node has (or had, if it was never cleaned up) nftables
 // mode programmed, as an agent starting up needs to know.
-func (b *Backend) Present(ctx context.Context) (bool, error) {
-	conn, err := b.conn()
-	if err != nil {
-		return false, err
-	}
-	for _, f := range families {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		t, err := b.table(conn, f)
-		if err != nil || t != nil {
-			return t != nil, err
-		}
-	}
-	return false, nil
+func (b *Backend) Present(context.Context) (bool, error) {
+	return nft.TableExists(b.netns, TableName)
 }
 
 // Cleanup deletes the proxyshift table of both families, with everything
@@ -415,26 +377,18 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*familyState{}
 	b.stale = map[*family]map[string]bool{}
-	conn, err := b.conn()
-	if err != nil {
-		return nil, err
-	}
 	var removed []string
 	for _, f := range families {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		t, err := b.table(conn, f)
+		line, err := nft.DeleteTable(b.netns, f, TableName)
 		if err != nil {
-			return removed, err
+			return removed, fmt.Errorf("nftables: %w", err)
 		}
-		if t == nil {
-			continue
+		if line != "" {
+			removed = append(removed, line)
 		}
-		if err := b.commit(f, []op{{kind: opDelTable}}); err != nil {
-			return removed, fmt.Errorf("nftables: delete table %s %s: %w", f.name, TableName, err)
-		}
-		removed = append(removed, fmt.Sprintf("nftables table %s %s", f.name, TableName))
 	}
 	return removed, nil
 }
@@ -449,14 +403,14 @@ var sharedMaps = map[string]bool{
 func (rs *ruleset) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, ch := range rs.chains {
-		c.Rules += len(ch.rules)
+		c.Rules += len(ch.Rules)
 	}
 	for _, s := range rs.sets {
 		c.Rules += len(s.elems)
 	}
 	c.Rules += len(rs.hairpin)
 	for _, objs := range rs.ports {
-		c = add(c, objs.counts())
+		c = c.Plus(objs.counts())
 	}
 	return c
 }
@@ -475,7 +429,7 @@ func (objs *portObjects) counts() dataplane.Counts {
 	c.Rules += shared + len(objs.endpointElems)
 	c.Endpoints += objs.endpoints
 	for _, ch := range objs.chains {
-		c.Rules += len(ch.rules)
+		c.Rules += len(ch.Rules)
 	}
 	for _, s := range objs.sets {
 		c.Rules += len(s.elems)
@@ -483,13 +437,5 @@ func (objs *portObjects) counts() dataplane.Counts {
 	return c
 }
 
-func add(a, b dataplane.Counts) dataplane.Counts {
-	return dataplane.Counts{Services: a.Services + b.Services, Endpoints: a.Endpoints + b.Endpoints, Rules: a.Rules + b.Rules}
-}
-
-func sub(a, b dataplane.Counts) dataplane.Counts {
-	return dataplane.Counts{Services: a.Services - b.Services, Endpoints: a.Endpoints - b.Endpoints, Rules: a.Rules - b.Rules}
-}
-
 // familyKey is the model family a table family programs.
-func familyKey(f *family) corev1.IPFamily { return f.model }
+func familyKey(f *family) corev1.IPFamily { return f.Model }

@@ -25,7 +25,9 @@
 //     and elements) that dumps as nft-like text, which golden tests pin
 //     down; fullPlan and incrementalPlan turn descriptions into a list of
 //     operations, also without a kernel; queue turns operations into
-//     google/nftables calls.
+//     google/nftables calls. Rules, families, set definitions and the
+//     transaction that sends a batch are the shared low-level layer
+//     (../internal/nft), which the ipvs backend's helper table uses too.
 //   - Restarts keep traffic flowing: New does not touch the kernel, and
 //     the first sync rewrites the table in place in one transaction,
 //     keeping the ClientIP affinity state.

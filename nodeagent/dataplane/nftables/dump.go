@@ -13,12 +13,12 @@ import (
 // show, comments aside.
 func (rs *ruleset) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table %s %s {\n", rs.f.name, TableName)
+	fmt.Fprintf(&b, "table %s %s {\n", rs.f.Name, TableName)
 	for _, s := range rs.allSets() {
 		s.dump(&b)
 	}
 	for _, c := range rs.allChains() {
-		c.dump(&b)
+		c.Dump(&b)
 	}
 	b.WriteString("}\n")
 	return b.String()
@@ -69,7 +69,7 @@ func (rs *ruleset) allSets() []*set {
 func (rs *ruleset) allChains() []*chain {
 	var base, regular []*chain
 	for _, c := range rs.chains {
-		if c.hook != nil {
+		if c.Hook != nil {
 			base = append(base, c)
 		} else {
 			regular = append(regular, c)
@@ -78,7 +78,7 @@ func (rs *ruleset) allChains() []*chain {
 	for _, objs := range rs.ports {
 		regular = append(regular, objs.chains...)
 	}
-	slices.SortFunc(regular, func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(regular, func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
 	return append(base, regular...)
 }
 
@@ -103,17 +103,6 @@ func (s *set) dump(b *strings.Builder) {
 			fmt.Fprintf(b, "\t\t\t%s,\n", e)
 		}
 		b.WriteString("\t\t}\n")
-	}
-	b.WriteString("\t}\n")
-}
-
-func (c *chain) dump(b *strings.Builder) {
-	fmt.Fprintf(b, "\tchain %s {\n", c.name)
-	if h := c.hook; h != nil {
-		fmt.Fprintf(b, "\t\ttype %s hook %s priority %d; policy accept;\n", h.typ, h.hookName, h.priority)
-	}
-	for _, r := range c.rules {
-		fmt.Fprintf(b, "\t\t%s\n", r.text)
 	}
 	b.WriteString("\t}\n")
 }

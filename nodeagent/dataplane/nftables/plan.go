@@ -72,7 +72,7 @@ func (o op) String() string {
 	case opDelChain:
 		return "delete chain " + o.name
 	case opAddRule:
-		return "add rule " + o.name + " " + o.rule.text
+		return "add rule " + o.name + " " + o.rule.Text
 	case opAddSet:
 		return "add " + setKind() + " " + o.name
 	case opFlushSet:
@@ -95,14 +95,6 @@ type kernelTable struct {
 	sets   map[string]*nftables.Set
 }
 
-// sameHook says whether a chain found in the kernel can be kept for c.
-func (c *chain) sameHook(k *nftables.Chain) bool {
-	if c.hook == nil || k.Hooknum == nil || k.Priority == nil {
-		return c.hook == nil && k.Hooknum == nil
-	}
-	return k.Type == c.hook.typ && *k.Hooknum == c.hook.num && *k.Priority == c.hook.priority
-}
-
 // fullPlan rewrites the whole table from rs, in place: existing chains
 // and maps are flushed and refilled rather than deleted, so that the
 // table, its base chains and the affinity sets (whose contents are the
@@ -116,7 +108,7 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	allChains, allSets := rs.allChains(), rs.allSets()
 	chains := make(map[string]*chain, len(allChains))
 	for _, c := range allChains {
-		chains[c.name] = c
+		chains[c.Name] = c
 	}
 	sets := make(map[string]*set, len(allSets))
 	for _, s := range allSets {
@@ -152,7 +144,7 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 		switch {
 		case c == nil:
 			stale = append(stale, name)
-		case !c.sameHook(kt.chains[name]):
+		case !c.SameHook(kt.chains[name]):
 			ops = append(ops, op{kind: opDelChain, name: name})
 		default:
 			keepChain[name] = true
@@ -164,8 +156,8 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 		}
 	}
 	for _, c := range allChains {
-		if !keepChain[c.name] {
-			ops = append(ops, op{kind: opAddChain, name: c.name, chain: c})
+		if !keepChain[c.Name] {
+			ops = append(ops, op{kind: opAddChain, name: c.Name, chain: c})
 		}
 	}
 	for _, c := range allChains {
@@ -192,8 +184,8 @@ func replacePlan(rs *ruleset, exists bool) []op {
 }
 
 func appendRules(ops []op, c *chain) []op {
-	for _, r := range c.rules {
-		ops = append(ops, op{kind: opAddRule, name: c.name, rule: r})
+	for _, r := range c.Rules {
+		ops = append(ops, op{kind: opAddRule, name: c.Name, rule: r})
 	}
 	return ops
 }
@@ -287,21 +279,21 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 
 		// Chains: create the new ones, rewrite the changed ones, flush
 		// the ones that go away.
-		newChains := byName(nw.chains, func(c *chain) string { return c.name })
-		oldChains := byName(old.chains, func(c *chain) string { return c.name })
+		newChains := byName(nw.chains, func(c *chain) string { return c.Name })
+		oldChains := byName(old.chains, func(c *chain) string { return c.Name })
 		for _, c := range old.chains {
-			n := newChains[c.name]
+			n := newChains[c.Name]
 			if n == nil {
-				flushChains = append(flushChains, op{kind: opFlushChain, name: c.name})
-				stale = append(stale, c.name)
-			} else if redefined || !rulesEqual(c.rules, n.rules) {
-				flushChains = append(flushChains, op{kind: opFlushChain, name: c.name})
+				flushChains = append(flushChains, op{kind: opFlushChain, name: c.Name})
+				stale = append(stale, c.Name)
+			} else if redefined || !rulesEqual(c.Rules, n.Rules) {
+				flushChains = append(flushChains, op{kind: opFlushChain, name: c.Name})
 				addRules = appendRules(addRules, n)
 			}
 		}
 		for _, n := range nw.chains {
-			if oldChains[n.name] == nil {
-				addChains = append(addChains, op{kind: opAddChain, name: n.name, chain: n})
+			if oldChains[n.Name] == nil {
+				addChains = append(addChains, op{kind: opAddChain, name: n.Name, chain: n})
 				addRules = appendRules(addRules, n)
 			}
 		}

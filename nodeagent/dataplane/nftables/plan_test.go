@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -11,22 +10,9 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
-
-// manyPorts returns n ClusterIP services with eps endpoints each.
-func manyPorts(n, eps int) map[model.ServicePortName]*model.ServicePort {
-	ports := map[model.ServicePortName]*model.ServicePort{}
-	for i := range n {
-		var opts []func(*model.ServicePort)
-		for j := range eps {
-			opts = append(opts, ep(fmt.Sprintf("10.%d.%d.%d", 128+i/65536, i/256%256, i%256), int32(8000+j)))
-		}
-		sp := svc("ns", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256), 80, opts...)
-		ports[sp.Name] = sp
-	}
-	return ports
-}
 
 // stateOf is the backend's memory after a full sync of ports.
 func stateOf(ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) *familyState {
@@ -51,14 +37,14 @@ func opStrings(ops []op) []string {
 
 func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	ports := manyPorts(200, 3)
+	ports := dt.ManyPorts(200, 3)
 	st := stateOf(ports, np)
 
 	// Service 17 replaces its last endpoint (10.128.0.17:8002) with a new
 	// one on another port.
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
-	changed := svc("ns", "svc-17", "http", "10.96.0.17", 80,
-		ep("10.128.0.17", 8000), ep("10.128.0.17", 8001), ep("10.128.0.17", 9000))
+	changed := dt.Svc("ns", "svc-17", "http", "10.96.0.17", 80,
+		dt.EP("10.128.0.17", 8000), dt.EP("10.128.0.17", 8001), dt.EP("10.128.0.17", 9000))
 	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 
 	// Only the port's range of the replaced endpoint changes: no rule,
@@ -83,16 +69,16 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 // would make the kernel re-validate the whole table.
 func TestEndpointChangesAddNoRule(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	ports := manyPorts(20, 3)
+	ports := dt.ManyPorts(20, 3)
 	st := stateOf(ports, np)
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-7", Port: "http", Protocol: "TCP"}
-	for _, eps := range [][]func(*model.ServicePort){
-		{ep("10.128.0.7", 8000), ep("10.128.0.7", 8001), ep("10.128.0.7", 8002), ep("10.128.9.9", 80)},
-		{ep("10.128.0.7", 8000)},
-		{ep("10.128.5.5", 8000, terminating(true))},
-		{ep("10.128.0.7", 8000), ep("10.128.6.6", 8000, local)},
+	for _, eps := range [][]dt.PortOpt{
+		{dt.EP("10.128.0.7", 8000), dt.EP("10.128.0.7", 8001), dt.EP("10.128.0.7", 8002), dt.EP("10.128.9.9", 80)},
+		{dt.EP("10.128.0.7", 8000)},
+		{dt.EP("10.128.5.5", 8000, dt.Terminating)},
+		{dt.EP("10.128.0.7", 8000), dt.EP("10.128.6.6", 8000, dt.Local)},
 	} {
-		next := withPort(ports, svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...))
+		next := withPort(ports, dt.Svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...))
 		ops, _ := incrementalPlan(planChanges(ipv4, st, next, model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 		if len(ops) == 0 {
 			t.Errorf("no ops for a changed port")
@@ -111,15 +97,15 @@ func TestEndpointChangesAddNoRule(t *testing.T) {
 func TestHairpinRefCounts(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	// Two services share endpoint address 10.244.1.2 (on two ports).
-	a := svc("ns", "a", "http", "10.96.0.1", 80, ep("10.244.1.2", 80), ep("10.244.1.3", 80))
-	b := svc("ns", "b", "http", "10.96.0.2", 80, ep("10.244.1.2", 81))
-	st := stateOf(portsOf(a, b), np)
+	a := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80), dt.EP("10.244.1.3", 80))
+	b := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.2", 81))
+	st := stateOf(dt.PortsOf(a, b), np)
 	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.hairpin, want) {
 		t.Fatalf("hairpin counts %v, want %v", st.rs.hairpin, want)
 	}
 	step := func(next *model.ServicePort, wantOps ...string) {
 		t.Helper()
-		ports := portsOf(a, b)
+		ports := dt.PortsOf(a, b)
 		ports[next.Name] = next
 		changes := planChanges(ipv4, st, ports, model.ChangeSet{next.Name: {}}, np)
 		ops, _ := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
@@ -147,27 +133,27 @@ func TestHairpinRefCounts(t *testing.T) {
 		}
 	}
 	// a drops 10.244.1.2: b still has it, only 10.244.1.3 stays with a.
-	step(svc("ns", "a", "http", "10.96.0.1", 80, ep("10.244.1.3", 80)))
+	step(dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.3", 80)))
 	// b moves to 10.244.1.4: 10.244.1.2 has no holder left.
-	step(svc("ns", "b", "http", "10.96.0.2", 80, ep("10.244.1.4", 81)),
+	step(dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.4", 81)),
 		"delete element hairpin-endpoints { 10.244.1.2 . 10.244.1.2 }",
 		"add element hairpin-endpoints { 10.244.1.4 . 10.244.1.4 }")
 	// A full render agrees with the counts kept incrementally.
-	if full := stateOf(portsOf(a, b), np); !maps.Equal(full.rs.hairpin, st.rs.hairpin) {
+	if full := stateOf(dt.PortsOf(a, b), np); !maps.Equal(full.rs.hairpin, st.rs.hairpin) {
 		t.Errorf("incremental counts %v, full render %v", st.rs.hairpin, full.rs.hairpin)
 	}
 }
 
 func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	ports := manyPorts(100, 2)
+	ports := dt.ManyPorts(100, 2)
 	st := stateOf(ports, np)
 	names := model.SortedNames(ports)
 	a, b, c := names[3], names[50], names[99]
 
 	next := maps.Clone(ports)
 	// a loses all endpoints, b is deleted, c gains ClientIP affinity.
-	next[a] = svc(a.Namespace, a.Name, a.Port, ports[a].ClusterIP.String(), 80)
+	next[a] = dt.Svc(a.Namespace, a.Name, a.Port, ports[a].ClusterIP.String(), 80)
 	delete(next, b)
 	cc := *ports[c]
 	cc.AffinityTimeout = time.Hour
@@ -237,7 +223,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 
 func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	ports := manyPorts(10, 3)
+	ports := dt.ManyPorts(10, 3)
 	st := stateOf(ports, np)
 	name := model.SortedNames(ports)[4]
 	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
@@ -253,9 +239,9 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 func TestSharedKeyConflicts(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	// Two services claim external IP 198.18.50.5 port 80.
-	first := svc("a", "first", "http", "10.96.0.1", 80, externalIPs("198.18.50.5"), ep("10.244.1.1", 80))
-	second := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80))
-	rs, claims := render(ipv4, portsOf(first, second), np)
+	first := dt.Svc("a", "first", "http", "10.96.0.1", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.1", 80))
+	second := dt.Svc("b", "second", "http", "10.96.0.2", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.2", 80))
+	rs, claims := render(ipv4, dt.PortsOf(first, second), np)
 	owner := func(rs *ruleset) string {
 		for name, objs := range rs.ports {
 			for _, e := range objs.shared[mapServiceIPs] {
@@ -271,8 +257,8 @@ func TestSharedKeyConflicts(t *testing.T) {
 	}
 	// An incremental sync of the second port keeps away from the key.
 	st := &familyState{rs: rs, claims: claims}
-	second2 := svc("b", "second", "http", "10.96.0.2", 80, externalIPs("198.18.50.5"), ep("10.244.1.2", 80), ep("10.244.1.3", 80))
-	ops, _ := incrementalPlan(planChanges(ipv4, st, portsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+	second2 := dt.Svc("b", "second", "http", "10.96.0.2", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.2", 80), dt.EP("10.244.1.3", 80))
+	ops, _ := incrementalPlan(planChanges(ipv4, st, dt.PortsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
 	if len(ops) == 0 {
 		t.Fatal("no ops for a changed port")
 	}
@@ -285,8 +271,8 @@ func TestSharedKeyConflicts(t *testing.T) {
 
 func TestFullPlanInPlace(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	sp := svc("default", "session", "http", "10.96.0.30", 80, affinity(time.Hour), ep("10.244.1.2", 8080))
-	rs, _ := render(ipv4, portsOf(sp), np)
+	sp := dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour), dt.EP("10.244.1.2", 8080))
+	rs, _ := render(ipv4, dt.PortsOf(sp), np)
 	_, affinitySet := endpointNames(namesFor(sp.Name).base, sp.Endpoints[0])
 
 	// The kernel has the table from an earlier agent: the same objects,
@@ -294,19 +280,19 @@ func TestFullPlanInPlace(t *testing.T) {
 	// service-ips map, and the affinity set with its state.
 	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
 	for _, c := range rs.allChains() {
-		kc := &nftables.Chain{Name: c.name}
-		if c.hook != nil {
-			prio := c.hook.priority
-			if c.name == chainNATPrerouting {
+		kc := &nftables.Chain{Name: c.Name}
+		if c.Hook != nil {
+			prio := c.Hook.Priority
+			if c.Name == chainNATPrerouting {
 				prio = -100
 			}
-			kc.Type, kc.Hooknum, kc.Priority = c.hook.typ, nftables.ChainHookRef(c.hook.num), nftables.ChainPriorityRef(prio)
+			kc.Type, kc.Hooknum, kc.Priority = c.Hook.Type, nftables.ChainHookRef(c.Hook.Num), nftables.ChainPriorityRef(prio)
 		}
-		kt.chains[c.name] = kc
+		kt.chains[c.Name] = kc
 	}
 	kt.chains["service-OLD-default/gone/tcp/http"] = &nftables.Chain{Name: "service-OLD-default/gone/tcp/http"}
 	for _, s := range rs.allSets() {
-		kt.sets[s.name] = kernelSet(nil, s)
+		kt.sets[s.name] = s.kernel(nil)
 	}
 	kt.sets["affinity-OLD-default/gone/tcp/http__10.244.9.9/80"] = &nftables.Set{HasTimeout: true, Dynamic: true, Timeout: time.Hour}
 
@@ -356,26 +342,5 @@ func TestFullPlanInPlace(t *testing.T) {
 	}
 	if chains != len(rs.allChains()) || sets != len(rs.allSets()) {
 		t.Errorf("plan for a missing table adds %d chains and %d sets, want %d and %d", chains, sets, len(rs.allChains()), len(rs.allSets()))
-	}
-}
-
-func TestChunks(t *testing.T) {
-	var elems []element
-	for i := range 5000 {
-		elems = append(elems, element{key: make([]byte, 12), comment: strings.Repeat("x", 60), verdict: gotoChain(strings.Repeat("c", 200) + fmt.Sprint(i))})
-	}
-	total := 0
-	for _, c := range chunks(elems) {
-		size := 0
-		for _, e := range c {
-			size += 64 + len(e.key) + len(e.comment) + len(e.verdict.chain)
-		}
-		if size > maxElementBytes {
-			t.Errorf("chunk of %d bytes", size)
-		}
-		total += len(c)
-	}
-	if total != len(elems) {
-		t.Errorf("chunks hold %d elements, want %d", total, len(elems))
 	}
 }

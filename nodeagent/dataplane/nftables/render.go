@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -26,7 +27,7 @@ const (
 
 // newNodePolicy returns the node's policy for family f.
 func newNodePolicy(f *family, cfg dataplane.NodeConfig) *dataplane.NodePolicy {
-	np := dataplane.NewNodePolicy(cfg, f.model)
+	np := dataplane.NewNodePolicy(cfg, f.Model)
 	return &np
 }
 
@@ -104,62 +105,62 @@ func (c claimIndex) release(name model.ServicePortName, objs *portObjects) {
 
 // renderFixed returns the chains and sets every table has.
 func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
-	base := func(name string, typ nftables.ChainType, hookName string, num uint32, prio nftables.ChainPriority, rules ...*ruleBuilder) *chain {
-		return &chain{name: name, hook: &hook{typ: typ, hookName: hookName, num: nftables.ChainHook(num), priority: prio}, rules: built(rules)}
+	base := func(name string, typ nftables.ChainType, hookName string, num uint32, prio nftables.ChainPriority, rules ...*nft.Builder) *chain {
+		return &chain{Name: name, Hook: &hook{Type: typ, Name: hookName, Num: nftables.ChainHook(num), Priority: prio}, Rules: built(rules)}
 	}
-	regular := func(name string, rules ...*ruleBuilder) *chain {
-		return &chain{name: name, rules: built(rules)}
+	regular := func(name string, rules ...*nft.Builder) *chain {
+		return &chain{Name: name, Rules: built(rules)}
 	}
-	r := func() *ruleBuilder { return newRule(f) }
+	r := func() *nft.Builder { return nft.NewRule(f) }
 
 	chains := []*chain{
 		// Before DNAT: the destination is still the service address.
 		base(chainFilterPrerouting, nftables.ChainTypeFilter, "prerouting", unix.NF_INET_PRE_ROUTING, priorityFilter,
-			r().ctStateNew().jump(chainFirewallCheck)),
+			r().CtStateNew().Jump(chainFirewallCheck)),
 		base(chainFilterInput, nftables.ChainTypeFilter, "input", unix.NF_INET_LOCAL_IN, priorityFilter,
-			r().ctStateNew().jump(chainEndpointCheck)),
+			r().CtStateNew().Jump(chainEndpointCheck)),
 		base(chainFilterForward, nftables.ChainTypeFilter, "forward", unix.NF_INET_FORWARD, priorityFilter,
-			r().ctStateNew().jump(chainEndpointCheck)),
+			r().CtStateNew().Jump(chainEndpointCheck)),
 		base(chainFilterOutput, nftables.ChainTypeFilter, "output", unix.NF_INET_LOCAL_OUT, priorityFilter,
-			r().ctStateNew().jump(chainFirewallCheck),
-			r().ctStateNew().jump(chainEndpointCheck)),
+			r().CtStateNew().Jump(chainFirewallCheck),
+			r().CtStateNew().Jump(chainEndpointCheck)),
 		base(chainNATPrerouting, nftables.ChainTypeNAT, "prerouting", unix.NF_INET_PRE_ROUTING, priorityDNAT,
-			r().jump(chainServices)),
+			r().Jump(chainServices)),
 		base(chainNATOutput, nftables.ChainTypeNAT, "output", unix.NF_INET_LOCAL_OUT, priorityDNAT,
-			r().jump(chainServices)),
+			r().Jump(chainServices)),
 		base(chainNATPostrouting, nftables.ChainTypeNAT, "postrouting", unix.NF_INET_POST_ROUTING, prioritySNAT,
-			r().jump(chainMasquerading)),
+			r().Jump(chainMasquerading)),
 	}
 
-	services := []*ruleBuilder{r().vmapAddrProtoPort(mapServiceIPs)}
-	endpointCheck := []*ruleBuilder{r().vmapAddrProtoPort(mapNoEndpointServices)}
+	services := []*nft.Builder{r().VmapService(mapServiceIPs)}
+	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
 	if nodePort := nodePortMatch(f, np); nodePort != nil {
-		services = append(services, nodePort().vmapProtoPort(mapServiceNodePorts))
-		endpointCheck = append(endpointCheck, nodePort().vmapProtoPort(mapNoEndpointNodePorts))
+		services = append(services, nodePort().VmapProtoPort(mapServiceNodePorts))
+		endpointCheck = append(endpointCheck, nodePort().VmapProtoPort(mapNoEndpointNodePorts))
 	}
 	chains = append(chains,
 		regular(chainServices, services...),
 		regular(chainEndpointCheck, endpointCheck...),
-		regular(chainFirewallCheck, r().vmapAddrProtoPort(mapFirewallIPs)),
+		regular(chainFirewallCheck, r().VmapService(mapFirewallIPs)),
 		// TCP gets a reset rather than ICMP: ICMPv6 port unreachable for a
 		// forwarded or local connection did not reliably reach the
 		// client's socket in our tests, a reset does in both families.
-		regular(chainReject, r().rejectTCP(), r().reject()),
-		regular(chainMarkMasq, r().markSet(np.MasqueradeMark)),
+		regular(chainReject, r().RejectTCP(), r().Reject()),
+		regular(chainMarkMasq, r().MarkSet(np.MasqueradeMark)),
 		regular(chainMasquerading,
 			// Hairpin (an endpoint reached itself through a service) is
 			// marked here, before the mark is tested, so that every
 			// masquerade goes through the one rule below.
-			r().ctDNATAddrPairInSet(setHairpin).markSet(np.MasqueradeMark),
-			r().markUnset(np.MasqueradeMark).ret(),
-			r().markClear(np.MasqueradeMark),
-			r().masquerade()),
+			r().CtStatusDNAT().AddrPairInSet(setHairpin).MarkSet(np.MasqueradeMark),
+			r().MarkUnset(np.MasqueradeMark).Return(),
+			r().MarkClear(np.MasqueradeMark),
+			r().Masquerade()),
 	)
-	slices.SortFunc(chains[len(baseChainNames):], func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(chains[len(baseChainNames):], func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
 
-	addrProtoPort := nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService)
+	addrProtoPort := nftables.MustConcatSetType(f.AddrType, nftables.TypeInetProto, nftables.TypeInetService)
 	protoPort := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	addrText := f.addrType.Name + " . inet_proto . inet_service"
+	addrText := f.AddrType.Name + " . inet_proto . inet_service"
 	vmap := func(name string, t nftables.SetDatatype, text string) *set {
 		return &set{name: name, keyType: t, keyText: text, verdictMap: true}
 	}
@@ -171,19 +172,19 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
 		// Its elements belong to the service ports, counted in
 		// ruleset.hairpin.
-		{name: setHairpin, keyType: nftables.MustConcatSetType(f.addrType, f.addrType), keyText: f.addrType.Name + " . " + f.addrType.Name},
+		{name: setHairpin, keyType: nftables.MustConcatSetType(f.AddrType, f.AddrType), keyText: f.AddrType.Name + " . " + f.AddrType.Name},
 	}
 	if len(np.ClusterCIDRs) > 0 {
-		s := &set{name: setClusterCIDRs, keyType: f.addrType, keyText: f.addrType.Name, interval: true}
+		s := &set{name: setClusterCIDRs, keyType: f.AddrType, keyText: f.AddrType.Name, interval: true}
 		for _, p := range np.ClusterCIDRs {
 			s.elems = append(s.elems, prefixElement(f, p))
 		}
 		sets = append(sets, s)
 	}
 	if !np.NodePortsAnyLocal && len(np.NodePortIPs) > 0 {
-		s := &set{name: setNodePortIPs, keyType: f.addrType, keyText: f.addrType.Name}
+		s := &set{name: setNodePortIPs, keyType: f.AddrType, keyText: f.AddrType.Name}
 		for _, ip := range np.NodePortIPs {
-			s.elems = append(s.elems, element{key: f.bytes(ip), text: ip.String()})
+			s.elems = append(s.elems, element{key: f.Bytes(ip), text: ip.String()})
 		}
 		sets = append(sets, s)
 	}
@@ -198,24 +199,30 @@ var baseChainNames = []string{chainFilterPrerouting, chainFilterInput, chainFilt
 
 // nodePortMatch returns a function starting a rule that matches packets
 // to a NodePort address, or nil if the family has no NodePort addresses.
-func nodePortMatch(f *family, np *dataplane.NodePolicy) func() *ruleBuilder {
+func nodePortMatch(f *family, np *dataplane.NodePolicy) func() *nft.Builder {
 	switch {
 	case np.NodePortsAnyLocal:
-		return func() *ruleBuilder { return newRule(f).fibLocal("daddr").addrIn("daddr", true, np.Loopback) }
+		return func() *nft.Builder { return nft.NewRule(f).FibLocal("daddr").AddrIn("daddr", true, np.Loopback) }
 	case len(np.NodePortIPs) > 0:
-		return func() *ruleBuilder { return newRule(f).addrInSet("daddr", false, setNodePortIPs) }
+		return func() *nft.Builder { return nft.NewRule(f).AddrInSet("daddr", false, setNodePortIPs) }
 	default:
 		return nil
 	}
 }
 
-func built(rbs []*ruleBuilder) []rule {
+func built(rbs []*nft.Builder) []rule {
 	rules := make([]rule, len(rbs))
 	for i, rb := range rbs {
-		rules[i] = rb.build()
+		rules[i] = rb.Rule()
 	}
 	return rules
 }
+
+// numgenRange is the modulus of the random number the endpoint-choosing
+// rule draws: fixed, so that the rule never changes when endpoints come
+// and go; the service-endpoints map splits [0, numgenRange) among the
+// endpoints.
+const numgenRange = 65536
 
 // numgenKeyType is the key of the service-endpoints maps: an endpoint
 // choice (32 bits) and a random number (32 bits), one 64-bit key to the
@@ -232,10 +239,10 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
 	objs := &portObjects{shared: map[string][]element{}, id: id}
-	proto := protoNumber(sp.Protocol)
-	protoText := protoName(sp.Protocol)
-	r := func() *ruleBuilder { return newRule(f) }
-	share := func(m string, key []byte, text string, v *verdict) {
+	proto := nft.ProtoNumber(sp.Protocol)
+	protoText := nft.ProtoName(proto)
+	r := func() *nft.Builder { return nft.NewRule(f) }
+	share := func(m string, key []byte, text string, v *nft.Verdict) {
 		objs.shared[m] = append(objs.shared[m], element{key: key, text: text, verdict: v, comment: n.comment})
 	}
 	addrKey := func(addr netip.Addr) ([]byte, string) {
@@ -249,20 +256,20 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		key, text := addrKey(pol.ClusterIP)
 		switch pol.Internal {
 		case dataplane.TargetCluster, dataplane.TargetLocal:
-			share(mapServiceIPs, key, text, gotoChain(targetChain[pol.Internal]))
+			share(mapServiceIPs, key, text, nft.GotoChain(targetChain[pol.Internal]))
 		case dataplane.TargetDrop:
-			share(mapNoEndpointServices, key, text, verdictDrop)
+			share(mapNoEndpointServices, key, text, nft.Drop)
 		case dataplane.TargetReject:
-			share(mapNoEndpointServices, key, text, gotoChain(chainReject))
+			share(mapNoEndpointServices, key, text, nft.GotoChain(chainReject))
 		}
 	}
 
 	// External destinations go to the external chain, or are rejected
 	// when there is no endpoint at all.
-	external := gotoChain(n.external)
+	external := nft.GotoChain(n.external)
 	externalMap, nodePortMap := mapServiceIPs, mapServiceNodePorts
 	if pol.ExternalReject {
-		external = gotoChain(chainReject)
+		external = nft.GotoChain(chainReject)
 		externalMap, nodePortMap = mapNoEndpointServices, mapNoEndpointNodePorts
 	}
 	for _, addr := range pol.ExternalAddrs {
@@ -276,20 +283,20 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	// loadBalancerSourceRanges: a firewall chain, checked before DNAT,
 	// that lets the allowed sources through and drops the rest.
 	if fw := pol.Firewall; fw != nil {
-		c := &chain{name: n.firewall}
+		c := &chain{Name: n.firewall}
 		for _, p := range fw.SourceRanges {
-			c.rules = append(c.rules, r().addrIn("saddr", false, p).ret().build())
+			c.Rules = append(c.Rules, r().AddrIn("saddr", false, p).Return().Rule())
 		}
 		if fw.AllowIPs {
 			for _, ip := range fw.IPs {
-				c.rules = append(c.rules, r().addrIs("saddr", false, ip).ret().build())
+				c.Rules = append(c.Rules, r().AddrIs("saddr", false, ip).Return().Rule())
 			}
 		}
-		c.rules = append(c.rules, r().drop().build())
+		c.Rules = append(c.Rules, r().Drop().Rule())
 		objs.chains = append(objs.chains, c)
 		for _, ip := range fw.IPs {
 			key, text := addrKey(ip)
-			share(mapFirewallIPs, key, text, gotoChain(n.firewall))
+			share(mapFirewallIPs, key, text, nft.GotoChain(n.firewall))
 		}
 	}
 
@@ -320,14 +327,14 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		// ClientIP affinity: one chain per endpoint, which records the
 		// client in the endpoint's affinity set and DNATs.
 		chainName, affinity := endpointNames(n.base, ep)
-		objs.chains = append(objs.chains, &chain{name: chainName, rules: []rule{
-			r().updateSaddr(affinity).build(),
-			r().dnat(sp.Protocol, ep.IP, ep.Port).build(),
+		objs.chains = append(objs.chains, &chain{Name: chainName, Rules: []rule{
+			r().UpdateSaddr(affinity).Rule(),
+			r().DNAT(sp.Protocol, ep.IP, ep.Port).Rule(),
 		}})
-		objs.sets = append(objs.sets, &set{name: affinity, keyType: f.addrType, keyText: f.addrType.Name, timeout: sp.AffinityTimeout})
+		objs.sets = append(objs.sets, &set{name: affinity, keyType: f.AddrType, keyText: f.AddrType.Name, timeout: sp.AffinityTimeout})
 	}
 	slices.SortFunc(objs.hairpin, func(a, b element) int { return cmp.Compare(a.text, b.text) })
-	slices.SortFunc(objs.chains, func(a, b *chain) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(objs.chains, func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(objs.sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
 	return objs
 }
@@ -337,25 +344,25 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 // external rules, in order, each a masquerade mark if it asks for one and
 // a goto to its target's chain (or a drop).
 func externalChain(f *family, rules []dataplane.ExternalRule, name string, targetChain map[dataplane.Target]string) *chain {
-	c := &chain{name: name}
-	from := func(src dataplane.Source) *ruleBuilder {
-		r := newRule(f)
+	c := &chain{Name: name}
+	from := func(src dataplane.Source) *nft.Builder {
+		r := nft.NewRule(f)
 		switch src {
 		case dataplane.SourceClusterCIDRs:
-			r.addrInSet("saddr", false, setClusterCIDRs)
+			r.AddrInSet("saddr", false, setClusterCIDRs)
 		case dataplane.SourceNode:
-			r.fibLocal("saddr")
+			r.FibLocal("saddr")
 		}
 		return r
 	}
 	for _, rule := range rules {
 		if rule.Masquerade {
-			c.rules = append(c.rules, from(rule.From).jump(chainMarkMasq).build())
+			c.Rules = append(c.Rules, from(rule.From).Jump(chainMarkMasq).Rule())
 		}
 		if rule.To == dataplane.TargetDrop {
-			c.rules = append(c.rules, from(rule.From).drop().build())
+			c.Rules = append(c.Rules, from(rule.From).Drop().Rule())
 		} else {
-			c.rules = append(c.rules, from(rule.From).goTo(targetChain[rule.To]).build())
+			c.Rules = append(c.Rules, from(rule.From).Goto(targetChain[rule.To]).Rule())
 		}
 	}
 	return c
@@ -380,34 +387,34 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 // through a numgen verdict map: the endpoint chain records the client.
 func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
 	choice uint32, eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
-	r := func() *ruleBuilder { return newRule(f) }
-	c := &chain{name: name}
+	r := func() *nft.Builder { return nft.NewRule(f) }
+	c := &chain{Name: name}
 	if internal && pol.ClusterIP.IsValid() {
 		switch pol.InternalMasquerade {
 		case dataplane.MasqueradeAll:
-			c.rules = append(c.rules, r().addrIs("daddr", false, pol.ClusterIP).jump(chainMarkMasq).build())
+			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).Jump(chainMarkMasq).Rule())
 		case dataplane.MasqueradeOutsideClusterCIDRs:
-			c.rules = append(c.rules, r().addrIs("daddr", false, pol.ClusterIP).
-				addrInSet("saddr", true, setClusterCIDRs).jump(chainMarkMasq).build())
+			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).
+				AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq).Rule())
 		}
 	}
 	if sp.AffinityTimeout == 0 {
 		if objs.endpointMap == nil {
 			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: numgenKeyType, keyText: "integer . integer", flatKey: true, interval: true,
-				dataType: nftables.MustConcatSetType(f.addrType, nftables.TypeInetService), dataText: f.addrType.Name + " . inet_service"}
+				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
 		objs.endpointElems = append(objs.endpointElems, numgenRanges(f, choice, eps)...)
-		c.rules = append(c.rules, r().dnatNumgenMap(sp.Protocol, choice, objs.endpointMap.name).build())
+		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, choice, numgenRange, objs.endpointMap.name).Rule())
 		objs.chains = append(objs.chains, c)
 		return
 	}
 	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, hostOrderKey: true}
 	for i, ep := range eps {
 		epChain, affinity := endpointNames(n.base, ep)
-		c.rules = append(c.rules, r().addrInSet("saddr", false, affinity).goTo(epChain).build())
-		m.elems = append(m.elems, element{key: binaryutil.NativeEndian.PutUint32(uint32(i)), text: itoa(int32(i)), verdict: gotoChain(epChain)})
+		c.Rules = append(c.Rules, r().AddrInSet("saddr", false, affinity).Goto(epChain).Rule())
+		m.elems = append(m.elems, element{key: binaryutil.NativeEndian.PutUint32(uint32(i)), text: itoa(int32(i)), verdict: nft.GotoChain(epChain)})
 	}
-	c.rules = append(c.rules, r().numgenVmap(len(eps), mapName).build())
+	c.Rules = append(c.Rules, r().NumgenVmap(len(eps), mapName).Rule())
 	objs.chains = append(objs.chains, c)
 	objs.sets = append(objs.sets, m)
 }
@@ -432,9 +439,9 @@ func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 		port := uint16(ep.Port)
 		elems = append(elems, element{
 			key:      key(lo),
-			keyEnd:   key(end),
+			keyEnd:   key(end - 1),
 			text:     text,
-			data:     append(f.bytes(ep.IP), byte(port>>8), byte(port), 0, 0),
+			data:     append(f.Bytes(ep.IP), byte(port>>8), byte(port), 0, 0),
 			dataText: ep.IP.String() + " . " + itoa(ep.Port),
 		})
 	}
@@ -444,5 +451,5 @@ func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 // hairpinElement is the hairpin set's element for an endpoint address:
 // the pair "address . address", a connection from the endpoint to itself.
 func hairpinElement(f *family, ip netip.Addr) element {
-	return element{key: append(f.bytes(ip), f.bytes(ip)...), text: ip.String() + " . " + ip.String()}
+	return element{key: append(f.Bytes(ip), f.Bytes(ip)...), text: ip.String() + " . " + ip.String()}
 }

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -84,21 +85,6 @@ type portObjects struct {
 	hairpin []element
 	// endpoints is the number of distinct endpoints the port DNATs to.
 	endpoints int
-}
-
-// chain is a chain and its rules; hook is nil for a regular chain.
-type chain struct {
-	name  string
-	hook  *hook
-	rules []rule
-}
-
-// hook is where a base chain is attached.
-type hook struct {
-	typ      nftables.ChainType
-	hookName string
-	num      nftables.ChainHook
-	priority nftables.ChainPriority
 }
 
 // set is a named set or verdict map.
@@ -176,40 +162,18 @@ func (s *set) concat() bool { return !s.flatKey && strings.Contains(s.keyText, "
 // element is one element of a set or map.
 type element struct {
 	key []byte
-	// keyEnd, in interval sets, is the first key after the interval
-	// (the first address after a prefix), nil when the interval runs to
-	// the end of the key space.
+	// keyEnd, in interval sets, is the last key of the interval (the
+	// last address of a prefix); nft.Element says how the kernel gets it.
 	keyEnd []byte
 	// text is the key in nft's syntax.
 	text    string
-	verdict *verdict
+	verdict *nft.Verdict
 	// data is the value of a data-map element; dataText the same in
 	// nft's syntax.
 	data     []byte
 	dataText string
 	comment  string
 }
-
-// verdict is the value of a verdict-map element.
-type verdict struct {
-	kind  expr.VerdictKind
-	chain string
-}
-
-func (v *verdict) String() string {
-	switch v.kind {
-	case expr.VerdictGoto:
-		return "goto " + v.chain
-	case expr.VerdictJump:
-		return "jump " + v.chain
-	default:
-		return "drop"
-	}
-}
-
-func gotoChain(c string) *verdict { return &verdict{kind: expr.VerdictGoto, chain: c} }
-
-var verdictDrop = &verdict{kind: expr.VerdictDrop}
 
 // String renders the element as nft writes it inside "elements = { }".
 func (e element) String() string {
@@ -234,14 +198,14 @@ func elementsEqual(a, b []element) bool {
 
 // rulesEqual compares rule lists by their text.
 func rulesEqual(a, b []rule) bool {
-	return slices.EqualFunc(a, b, func(x, y rule) bool { return x.text == y.text })
+	return slices.EqualFunc(a, b, func(x, y rule) bool { return x.Text == y.Text })
 }
 
 // Keys of the shared maps, in network byte order with each field padded
 // to 32 bits as concatenations require.
 
 func addrProtoPortKey(f *family, addr netip.Addr, proto byte, port int32) []byte {
-	return append(f.bytes(addr), protoPortKey(proto, port)...)
+	return append(f.Bytes(addr), protoPortKey(proto, port)...)
 }
 
 func protoPortKey(proto byte, port int32) []byte {
@@ -251,21 +215,9 @@ func protoPortKey(proto byte, port int32) []byte {
 // prefixElement is p as an interval-set element.
 func prefixElement(f *family, p netip.Prefix) element {
 	p = p.Masked()
-	e := element{key: f.bytes(p.Addr()), text: p.String()}
+	e := element{key: f.Bytes(p.Addr()), keyEnd: f.Bytes(nft.LastAddr(p)), text: p.String()}
 	if p.IsSingleIP() {
 		e.text = p.Addr().String()
-	}
-	// The first address after the prefix: the last one, plus one.
-	last := f.bytes(p.Addr())
-	for i := p.Bits(); i < len(last)*8; i++ {
-		last[i/8] |= 0x80 >> (i % 8)
-	}
-	for i := len(last) - 1; i >= 0; i-- {
-		last[i]++
-		if last[i] != 0 {
-			e.keyEnd = last
-			break
-		}
 	}
 	return e
 }

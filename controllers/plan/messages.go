@@ -1,0 +1,90 @@
+package plan
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The words of the conditions and events: each names the nodes, and the
+// reasons they failed, that a person has to look at.
+
+// firstFailure names the first node (by name) that failed other than in
+// preflight, and how many more did.
+func firstFailure(failed map[string]failedEntry) string {
+	var ns []string
+	for name, f := range failed {
+		if !f.preflight {
+			ns = append(ns, name)
+		}
+	}
+	sort.Strings(ns)
+	if len(ns) == 0 {
+		return "a node failed"
+	}
+	s := fmt.Sprintf("node %s failed: %s", ns[0], failed[ns[0]].reason)
+	if len(ns) > 1 {
+		s += fmt.Sprintf(" (and %d more)", len(ns)-1)
+	}
+	return s
+}
+
+// failedSummary names up to three of ns with their reasons: the recorded
+// one, else the node's own.
+func failedSummary(ns []*nodeState, failed map[string]failedEntry) string {
+	var parts []string
+	for i, n := range ns {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(ns)-3))
+			break
+		}
+		r := n.failReason
+		if f, ok := failed[n.name]; ok {
+			r = f.reason
+		}
+		parts = append(parts, n.name+": "+r)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// conflictText says which nodes other ProxyConfigs select too (up to
+// ten, with those configs) and what to do.
+func conflictText(conflicts map[string][]string) string {
+	var ns []string
+	for n := range conflicts {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	var parts []string
+	for i, n := range ns {
+		if i == 10 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(ns)-10))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (also selected by %s)", n, strings.Join(conflicts[n], ", ")))
+	}
+	return fmt.Sprintf("%d nodes are selected by another ProxyConfig too and are left alone: %s; make the node selectors disjoint",
+		len(ns), strings.Join(parts, ", "))
+}
+
+// names lists up to max of ns by name.
+func names(ns []*nodeState, max int) string {
+	var out []string
+	for i, n := range ns {
+		if i == max {
+			out = append(out, fmt.Sprintf("and %d more", len(ns)-max))
+			break
+		}
+		out = append(out, n.name)
+	}
+	return strings.Join(out, ", ")
+}
+
+func equalTimes(a, b *metav1.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(b)
+}

@@ -1,0 +1,263 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// start: no rollout is under way for the current target. Check every
+// node that must move (preflight) and start one when all can.
+func (p *pass) start() outcome {
+	var o outcome
+	pending := p.pending()
+	if len(pending) == 0 {
+		return p.settle(false, nil)
+	}
+	pf := p.preflightCheck(pending, &o)
+	p.recordFailing(&o)
+	switch {
+	case len(pf.blocked) > 0:
+		o.phase, o.stage, o.degraded = v1alpha1.RolloutFailed, ReasonPreflightFailed, ReasonPreflightFailed
+		o.stageMsg = fmt.Sprintf("%d of %d nodes cannot run %s (%s); no node was changed", len(pf.blocked), len(pending), p.cfg.Spec.Mode, failedSummary(pf.blocked, o.failed))
+		o.degMsg = o.stageMsg + "; fix the nodes or change spec.mode or spec.nodeSelector"
+		if p.prevReason(v1alpha1.ConditionProgressing) != ReasonPreflightFailed {
+			o.event(true, EventPreflightFailed, "", o.stageMsg)
+		}
+	case len(pf.waiting) > 0:
+		o.phase, o.stage = v1alpha1.RolloutPreflight, ReasonPreflight
+		o.stageMsg = fmt.Sprintf("waiting for the agents of %d nodes to report kernel facts (%s)", len(pf.waiting), names(pf.waiting, 5))
+	case p.pol.paused:
+		o.phase, o.stage = v1alpha1.RolloutPaused, ReasonPaused
+		o.stageMsg = fmt.Sprintf("spec.rollout.paused is set; %d nodes are waiting to move to %s", len(pending), p.cfg.Spec.Mode)
+	default:
+		// The rollout's name must differ from every earlier one still
+		// written on a node, or their nodes would count as its members.
+		start := p.nowT
+		if latest := p.latestRollout(); !start.After(latest) {
+			start = metav1.NewTime(latest.Add(time.Second))
+		}
+		p.setMembership(RolloutID(p.cfg.Name, start.Time))
+		o.event(false, EventRolloutStarted, "", fmt.Sprintf("moving %d nodes to %s (maxUnavailable %d, canary %d)",
+			len(pf.eligible), p.cfg.Spec.Mode, p.maxUnav, p.pol.canary))
+		next := p.proceed(&start)
+		next.effects = o.effects.then(next.effects)
+		return next
+	}
+	return o
+}
+
+// proceed moves the rollout that started at start on: canary, pause,
+// batches.
+func (p *pass) proceed(start *metav1.Time) outcome {
+	o := outcome{start: start}
+	pending := p.pending()
+	pf := p.preflightCheck(pending, &o)
+	p.recordFailing(&o)
+
+	members, membersUpdated := 0, true
+	for _, n := range p.sel.nodes {
+		if n.member {
+			members++
+			if !(n.atTarget && n.converged) {
+				membersUpdated = false
+			}
+		}
+	}
+	k := p.pol.canary
+	kEff := min(k, members+len(pf.eligible))
+	canaryPassed := k == 0 || members > k || (members >= kEff && membersUpdated)
+	prevSame := p.prev.StartTime != nil && start != nil && p.prev.StartTime.Equal(start)
+	prevProg := meta.FindStatusCondition(p.prev.Conditions, v1alpha1.ConditionProgressing)
+	prevReason := ""
+	if prevSame && prevProg != nil {
+		prevReason = prevProg.Reason
+	}
+	if canaryPassed && members > 0 && prevReason == ReasonCanary {
+		o.event(false, EventCanaryPassed, "", fmt.Sprintf("the canary (%d nodes) runs %s", members, p.cfg.Spec.Mode))
+	}
+
+	limit := -1
+	switch {
+	case p.pol.paused:
+		o.stage, limit = ReasonPaused, 0
+		o.stageMsg = "spec.rollout.paused is set; no new node starts"
+	case !canaryPassed:
+		o.stage, limit = ReasonCanary, kEff-members
+		o.stageMsg = fmt.Sprintf("canary: %d of %d nodes moving to %s", members, kEff, p.cfg.Spec.Mode)
+	case p.pol.pause > 0 && k > 0 && len(pf.eligible) > 0 && members <= kEff && prevReason != ReasonRollingOut:
+		pauseStart := p.nowT.Time
+		if prevSame && prevProg.Status == metav1.ConditionFalse && (prevProg.Reason == ReasonCanaryPause || prevProg.Reason == ReasonPaused) {
+			pauseStart = prevProg.LastTransitionTime.Time
+		}
+		end := pauseStart.Add(p.pol.pause)
+		if p.now.Before(end) {
+			o.stage, limit = ReasonCanaryPause, 0
+			o.stageMsg = fmt.Sprintf("the canary passed; next batch at %s (canary pause %s)", end.UTC().Format(time.RFC3339), p.pol.pause)
+			o.deadlines = append(o.deadlines, end)
+		} else {
+			o.stage = ReasonRollingOut
+		}
+	default:
+		o.stage = ReasonRollingOut
+	}
+	left := p.startNodes(pf.eligible, limit, &o)
+
+	inFlight := 0
+	updated := 0
+	for _, n := range p.sel.nodes {
+		if n.inTransition && !n.failed {
+			inFlight++
+		}
+		if n.atTarget && n.converged {
+			updated++
+		}
+	}
+	if left == 0 && len(pf.waiting) == 0 && inFlight == 0 {
+		if updated != len(p.sel.nodes) && len(pf.blocked) > 0 {
+			o.phase, o.stage, o.degraded = v1alpha1.RolloutFailed, ReasonPreflightFailed, ReasonPreflightFailed
+			o.stageMsg = fmt.Sprintf("%d nodes cannot run %s (%s); every other node was moved", len(pf.blocked), p.cfg.Spec.Mode, failedSummary(pf.blocked, o.failed))
+			o.degMsg = o.stageMsg + "; fix the nodes or change spec.nodeSelector"
+			if p.prevReason(v1alpha1.ConditionProgressing) != ReasonPreflightFailed {
+				o.event(true, EventPreflightFailed, "", o.stageMsg)
+			}
+			return o
+		}
+		return p.settle(true, &o)
+	}
+	switch o.stage {
+	case ReasonPaused, ReasonCanaryPause:
+		o.phase = v1alpha1.RolloutPaused
+	default:
+		o.phase = v1alpha1.RolloutProgressing
+		if o.stage == ReasonRollingOut {
+			o.stageMsg = fmt.Sprintf("moving nodes to %s: %d in transition (maxUnavailable %d), %d waiting", p.cfg.Spec.Mode, inFlight, p.maxUnav, left+len(pf.waiting))
+		}
+	}
+	if len(pf.waiting) > 0 {
+		o.stageMsg += fmt.Sprintf("; %d nodes wait for their agent to report (%s)", len(pf.waiting), names(pf.waiting, 5))
+	}
+	return o
+}
+
+// startNodes writes the target into eligible nodes, within the canary
+// limit (-1: none) and the maxUnavailable budget. It returns how many
+// eligible nodes were left waiting.
+func (p *pass) startNodes(eligible []*nodeState, limit int, o *outcome) int {
+	budget := p.maxUnav - p.unavailable()
+	started := 0
+	for _, n := range eligible {
+		if limit >= 0 && started >= limit {
+			break
+		}
+		if !n.inTransition {
+			if budget <= 0 {
+				continue
+			}
+			budget--
+		}
+		o.update = append(o.update, p.moveForward(n))
+		o.deadlines = append(o.deadlines, p.now.Add(p.pol.timeout))
+		started++
+	}
+	return len(eligible) - started
+}
+
+// moveForward returns the node's ProxyNode asking for the target, with
+// what it ran recorded, and marks the node moving.
+func (p *pass) moveForward(n *nodeState) *v1alpha1.ProxyNode {
+	pn := n.pn.DeepCopy()
+	if pn.Annotations == nil {
+		pn.Annotations = map[string]string{}
+	}
+	if active := pn.Status.ActiveMode; active != "" {
+		pn.Annotations[AnnotationPreviousMode] = string(active)
+		delete(pn.Annotations, AnnotationPreviousSettings)
+		delete(pn.Annotations, AnnotationPreviousConfig)
+		if pn.Spec.DesiredMode == active {
+			if b, err := json.Marshal(pn.Spec.Settings); err == nil && string(b) != "{}" {
+				pn.Annotations[AnnotationPreviousSettings] = string(b)
+			}
+			if ref := pn.Spec.ConfigRef; ref != nil {
+				pn.Annotations[AnnotationPreviousConfig] = fmt.Sprintf("%s/%d", ref.Name, ref.Generation)
+			}
+		}
+	}
+	pn.Annotations[AnnotationRollout] = p.rid
+	delete(pn.Annotations, AnnotationRolledBack)
+	pn.Annotations[AnnotationRequestedAt] = p.now.UTC().Format(time.RFC3339Nano)
+	pn.Spec = v1alpha1.ProxyNodeSpec{
+		DesiredMode: p.cfg.Spec.Mode,
+		ConfigRef:   &v1alpha1.ConfigReference{Name: p.cfg.Name, Generation: p.cfg.Generation},
+		Settings:    *p.cfg.Spec.ProxySettings.DeepCopy(),
+	}
+	if !hasOwnerRef(pn, n.node) {
+		pn.OwnerReferences = append(pn.OwnerReferences, nodeOwnerRef(n.node))
+	}
+	n.member, n.atTarget, n.converged, n.failed = true, true, false, false
+	n.inTransition = true
+	return pn
+}
+
+// settle ends a pass where nothing is left to start: Completed when every
+// node runs the target, otherwise waiting for, or reporting, the rest.
+// inRollout says a rollout brought it here, with what it decided so far
+// in o (nil: none).
+func (p *pass) settle(inRollout bool, o *outcome) outcome {
+	var out outcome
+	if o != nil {
+		out.start, out.effects = o.start, o.effects
+	}
+	updated, inFlight := 0, 0
+	var failing []*nodeState
+	for _, n := range p.sel.nodes {
+		switch {
+		case n.atTarget && n.converged:
+			updated++
+		case n.inTransition && n.failed:
+			failing = append(failing, n)
+		case n.inTransition:
+			inFlight++
+		}
+	}
+	p.recordFailing(&out)
+	switch {
+	case inFlight > 0:
+		out.phase, out.stage = v1alpha1.RolloutProgressing, ReasonWaitingForNodes
+		out.stageMsg = fmt.Sprintf("waiting for %d nodes to settle", inFlight)
+	case len(failing) > 0 && !(inRollout && p.prev.Phase == v1alpha1.RolloutCompleted):
+		out.phase, out.stage, out.degraded = v1alpha1.RolloutFailed, ReasonNodeUnhealthy, ReasonNodeUnhealthy
+		out.stageMsg = fmt.Sprintf("%d nodes are failing (%s)", len(failing), failedSummary(failing, out.failed))
+		out.degMsg = out.stageMsg + "; fix the nodes, then change the spec to retry them"
+	default:
+		out.phase, out.stage = v1alpha1.RolloutCompleted, ReasonCompleted
+		out.stageMsg = fmt.Sprintf("every selected node asks for %s", p.cfg.Spec.Mode)
+		if len(failing) > 0 {
+			out.degraded = ReasonNodeUnhealthy
+			out.degMsg = fmt.Sprintf("%d nodes are failing after the rollout completed (%s)", len(failing), failedSummary(failing, out.failed))
+		}
+		if p.prev.Phase == v1alpha1.RolloutCompleted && p.prev.CompletionTime != nil && equalTimes(p.prev.StartTime, out.start) {
+			out.completion = p.prev.CompletionTime.DeepCopy()
+		} else {
+			t := p.nowT
+			out.completion = &t
+			if out.start != nil || p.prev.Phase != v1alpha1.RolloutCompleted {
+				out.event(false, EventRolloutCompleted, "", fmt.Sprintf("%d/%d selected nodes run %s", updated, p.sel.selected, p.cfg.Spec.Mode))
+			}
+		}
+	}
+	return out
+}
+
+// prevReason is the reason of the previous status's condition condType.
+func (p *pass) prevReason(condType string) string {
+	if c := meta.FindStatusCondition(p.prev.Conditions, condType); c != nil {
+		return c.Reason
+	}
+	return ""
+}

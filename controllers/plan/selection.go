@@ -1,0 +1,227 @@
+package plan
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/proxyshift/proxyshift/api/contract"
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/controllers/preflight"
+)
+
+// selection is the nodes a ProxyConfig selects.
+type selection struct {
+	// nodes are the selected nodes no other ProxyConfig selects, sorted
+	// by name; byName indexes them.
+	nodes  []*nodeState
+	byName map[string]*nodeState
+	// conflicts are the selected nodes other ProxyConfigs select too,
+	// with their names; they are left alone.
+	conflicts map[string][]string
+	// selected counts every selected node, ready those Active and
+	// healthy in any mode.
+	selected, ready int
+}
+
+// selectNodes picks the nodes the selector matches, and sets apart those
+// another ProxyConfig selects too.
+func selectNodes(in Input, sel labels.Selector) selection {
+	type other struct {
+		name string
+		sel  labels.Selector
+	}
+	var others []other
+	for i := range in.Others {
+		o := &in.Others[i]
+		if o.Name == in.Config.Name || o.DeletionTimestamp != nil {
+			continue
+		}
+		if sel, err := Selector(o); err == nil {
+			others = append(others, other{o.Name, sel})
+		}
+	}
+	sort.Slice(others, func(i, j int) bool { return others[i].name < others[j].name })
+	s := selection{byName: map[string]*nodeState{}, conflicts: map[string][]string{}}
+	states := make([]nodeState, 0, len(in.Nodes)) // one allocation; never grows
+	for _, n := range in.Nodes {
+		if n.Deleting || !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		s.selected++
+		if pn := in.ProxyNodes[n.Name]; pn != nil && pn.Status.Phase == v1alpha1.NodeActive && pn.Status.ActiveMode != "" {
+			if ok, _ := contract.Healthy(&pn.Status); ok {
+				s.ready++
+			}
+		}
+		for _, o := range others {
+			if o.sel.Matches(labels.Set(n.Labels)) {
+				s.conflicts[n.Name] = append(s.conflicts[n.Name], o.name)
+			}
+		}
+		if len(s.conflicts[n.Name]) > 0 {
+			continue
+		}
+		states = append(states, nodeState{name: n.Name, node: n})
+		ns := &states[len(states)-1]
+		s.nodes = append(s.nodes, ns)
+		s.byName[n.Name] = ns
+	}
+	sort.Slice(s.nodes, func(i, j int) bool { return s.nodes[i].name < s.nodes[j].name })
+	return s
+}
+
+// classify fills in each selected node's state from its ProxyNode, and
+// returns the ProxyNodes to create (missing ones) and delete (left by a
+// replaced Node), and when to look again.
+func (p *pass) classify() effects {
+	var e effects
+	mode, settings := p.cfg.Spec.Mode, &p.cfg.Spec.ProxySettings
+	for _, n := range p.sel.nodes {
+		pn := p.in.ProxyNodes[n.name]
+		if pn != nil && ownedByOtherNode(pn, n.node) {
+			e.delete = append(e.delete, pn)
+			n.reportDeadline = p.now.Add(p.pol.timeout)
+			continue // created again once the deletion is seen
+		}
+		if pn == nil {
+			e.create = append(e.create, NewProxyNode(n.node))
+			n.reportDeadline = p.now.Add(p.pol.timeout)
+			continue
+		}
+		n.pn = pn
+		n.reported = pn.Status.Kernel != nil
+		n.reportDeadline = pn.CreationTimestamp.Add(p.pol.timeout)
+		n.atTarget = sameContent(&pn.Spec, mode, settings)
+		n.converged = Converged(pn)
+		n.inTransition = InTransition(pn)
+		if n.inTransition {
+			n.failed, n.failReason, n.deadline = failure(pn, p.pol.timeout, p.now)
+			if !n.failed {
+				e.deadlines = append(e.deadlines, n.deadline)
+			}
+		}
+	}
+	return e
+}
+
+// setMembership marks the nodes rollout rid moved and sent back ("": no
+// rollout).
+func (p *pass) setMembership(rid string) {
+	p.rid = rid
+	for _, n := range p.sel.nodes {
+		n.member, n.rolledBack = false, false
+		if rid == "" || n.pn == nil {
+			continue
+		}
+		n.member = n.pn.Annotations[AnnotationRollout] == rid
+		n.rolledBack = n.member && n.pn.Annotations[AnnotationRolledBack] == rid
+	}
+}
+
+// pending are the nodes the rollout still has to write: those not asking
+// for the target yet, and failed ones a previous generation left at the
+// target (they are retried once per generation).
+func (p *pass) pending() []*nodeState {
+	var out []*nodeState
+	for _, n := range p.sel.nodes {
+		if n.pn == nil || !n.atTarget {
+			out = append(out, n)
+			continue
+		}
+		if n.failed && !n.member {
+			ref := n.pn.Spec.ConfigRef
+			if ref == nil || ref.Name != p.cfg.Name || ref.Generation < p.cfg.Generation {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// checked is pending nodes, split by what their kernel facts say.
+type checked struct {
+	// eligible may move, those in transition first (redirecting them
+	// adds nothing to the number of unavailable nodes); waiting have not
+	// reported their facts yet; blocked cannot run the target, or did not
+	// report in time.
+	eligible, waiting, blocked []*nodeState
+}
+
+// preflightCheck splits pending nodes into those that may move, those whose
+// agent has not reported yet, and those that cannot run the target. It
+// records the blocked ones as failed (by preflight) and when the waiting
+// ones time out.
+func (p *pass) preflightCheck(pending []*nodeState, o *outcome) checked {
+	var pf checked
+	for _, n := range pending {
+		if !n.reported {
+			if p.now.Before(n.reportDeadline) {
+				pf.waiting = append(pf.waiting, n)
+				o.deadlines = append(o.deadlines, n.reportDeadline)
+			} else {
+				pf.blocked = append(pf.blocked, n)
+				o.fail(n.name, fmt.Sprintf("agent has not reported kernel facts within the node timeout (%s)", p.pol.timeout), true)
+			}
+			continue
+		}
+		if probs := preflight.Problems(p.cfg.Spec.Mode, &p.cfg.Spec.ProxySettings, n.pn.Status.Kernel); len(probs) > 0 {
+			pf.blocked = append(pf.blocked, n)
+			o.fail(n.name, fmt.Sprintf("cannot run %s: %s", p.cfg.Spec.Mode, strings.Join(probs, "; ")), true)
+			continue
+		}
+		pf.eligible = append(pf.eligible, n)
+	}
+	sort.SliceStable(pf.eligible, func(i, j int) bool {
+		return pf.eligible[i].inTransition && !pf.eligible[j].inTransition
+	})
+	return pf
+}
+
+// unavailable counts the nodes in transition.
+func (p *pass) unavailable() int {
+	c := 0
+	for _, n := range p.sel.nodes {
+		if n.inTransition {
+			c++
+		}
+	}
+	return c
+}
+
+// failing are the nodes in transition that failed.
+func (p *pass) failing() []*nodeState {
+	var out []*nodeState
+	for _, n := range p.sel.nodes {
+		if n.inTransition && n.failed {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// latestRollout is the latest start time among this config's rollout
+// names on the nodes and in the previous status.
+func (p *pass) latestRollout() time.Time {
+	var latest time.Time
+	if p.prev.StartTime != nil {
+		latest = p.prev.StartTime.Time
+	}
+	prefix := p.cfg.Name + "@"
+	for _, n := range p.sel.nodes {
+		if n.pn == nil {
+			continue
+		}
+		for _, key := range []string{AnnotationRollout, AnnotationRolledBack} {
+			if v := n.pn.Annotations[key]; strings.HasPrefix(v, prefix) {
+				if t, err := time.Parse(time.RFC3339, v[len(prefix):]); err == nil && t.After(latest) {
+					latest = t
+				}
+			}
+		}
+	}
+	return latest
+}

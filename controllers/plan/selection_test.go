@@ -1,0 +1,211 @@
+package plan
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+func TestPreflightBlocksMissingIPVS(t *testing.T) {
+	s := newSim(t, 5, v1alpha1.ModeIPVS)
+	s.agents["node-03"].facts = noIPVS()
+	s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	s.steps(20)
+	st := s.cfg("pc").Status
+	if len(s.specLog) != 0 {
+		t.Fatalf("nodes changed: %v", s.specLog)
+	}
+	if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-03" ||
+		!strings.Contains(st.FailedNodes[0].Reason, "ip_vs is Missing") || !strings.Contains(st.FailedNodes[0].Reason, "ip_vs_rr not reported") {
+		t.Errorf("failed %+v", st.FailedNodes)
+	}
+	if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, "no node was changed") {
+		t.Errorf("Degraded %+v", c)
+	}
+	if n := countEvents(s.events, EventPreflightFailed); n != 1 {
+		t.Errorf("%d PreflightFailed events", n)
+	}
+	// Once the node reports the modules, the rollout starts.
+	s.pns["node-03"].Status.Kernel = allFacts()
+	s.run(200, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+}
+
+func TestPreflightNftablesAndIptables(t *testing.T) {
+	s := newSim(t, 3, v1alpha1.ModeNFTables)
+	f := allFacts()
+	f.NFTables = v1alpha1.CapabilityNo
+	s.agents["node-01"].facts = f
+	s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	if r := s.cfg("pc").Status.FailedNodes[0].Reason; !strings.Contains(r, "nf_tables is not usable") {
+		t.Error(r)
+	}
+}
+
+func TestPreflightWaitsForAgentsThenTimesOut(t *testing.T) {
+	s := newSim(t, 3, v1alpha1.ModeNFTables, func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "1m" })
+	s.agents["node-02"].facts = nil // its agent never reports
+	s.run(10, s.phaseIs("pc", v1alpha1.RolloutPreflight))
+	if c := s.cond("pc", v1alpha1.ConditionProgressing); c.Reason != ReasonPreflight || !strings.Contains(c.Message, "node-02") {
+		t.Errorf("Progressing %+v", c)
+	}
+	res := Plan(s.input(s.cfg("pc")))
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Minute+time.Second {
+		t.Errorf("requeue %s while waiting for an agent", res.RequeueAfter)
+	}
+	s.run(100, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	if f := s.cfg("pc").Status.FailedNodes; len(f) != 1 || f[0].Name != "node-02" || !strings.Contains(f[0].Reason, "not reported") {
+		t.Errorf("failed %+v", f)
+	}
+	if len(s.specLog) != 0 {
+		t.Errorf("nodes moved: %v", s.specLog)
+	}
+}
+
+func TestConflict(t *testing.T) {
+	s := newSim(t, 0, v1alpha1.ModeNFTables, selector(map[string]v1alpha1.LabelValue{"pool": "a"}))
+	for i := 0; i < 4; i++ {
+		s.addNode(fmt.Sprintf("a-%d", i), map[string]string{"pool": "a"})
+		s.addNode(fmt.Sprintf("b-%d", i), map[string]string{"pool": "b"})
+	}
+	s.addNode("both", map[string]string{"pool": "a", "edge": "yes"})
+	s.addConfig("edge", v1alpha1.ModeIPVS, func(c *v1alpha1.ProxyConfig) {
+		c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+			{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
+	}, func(c *v1alpha1.ProxyConfig) {
+		c.Spec.NodeSelector.MatchExpressions = nil
+		c.Spec.NodeSelector.MatchLabels = map[string]v1alpha1.LabelValue{"edge": "yes"}
+	})
+	s.cfg("edge").Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
+	// edge selects pool=b or edge=yes? A selector is an AND, so use two
+	// matchExpressions-free configs: "edge" selects pool in (b) plus the
+	// node "both" via a second label.
+	s.cfg("edge").Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
+	for i := range s.nodes {
+		if strings.HasPrefix(s.nodes[i].Name, "b-") || s.nodes[i].Name == "both" {
+			s.nodes[i].Labels["side"] = "b"
+		}
+	}
+	s.run(300, func() bool {
+		return s.cfg("pc").Status.Phase == v1alpha1.RolloutCompleted && s.cfg("edge").Status.Phase == v1alpha1.RolloutCompleted
+	})
+	if s.pns["both"] != nil {
+		t.Errorf("the conflicting node was touched: %+v", s.pns["both"])
+	}
+	for _, name := range []string{"pc", "edge"} {
+		st := s.cfg(name).Status
+		if st.Nodes.Selected != 5 || st.Nodes.Updated != 4 {
+			t.Errorf("%s counts %+v", name, st.Nodes)
+		}
+		c := s.cond(name, v1alpha1.ConditionDegraded)
+		if c.Status != metav1.ConditionTrue || c.Reason != ReasonConflict || !strings.Contains(c.Message, "both (also selected by") {
+			t.Errorf("%s Degraded %+v", name, c)
+		}
+		if r := s.cond(name, v1alpha1.ConditionReady); r.Status != metav1.ConditionFalse || r.Reason != ReasonConflict {
+			t.Errorf("%s Ready %+v", name, r)
+		}
+	}
+	if n := countEvents(s.events, EventConflict); n != 2 {
+		t.Errorf("%d Conflict events, want one per config", n)
+	}
+	for _, pn := range s.pns {
+		want := v1alpha1.ModeNFTables
+		if strings.HasPrefix(pn.Name, "b-") {
+			want = v1alpha1.ModeIPVS
+		}
+		if pn.Status.ActiveMode != want {
+			t.Errorf("%s runs %s", pn.Name, pn.Status.ActiveMode)
+		}
+	}
+	// Resolving the conflict (the node leaves "edge") lets "pc" take it.
+	for i := range s.nodes {
+		if s.nodes[i].Name == "both" {
+			delete(s.nodes[i].Labels, "side")
+		}
+	}
+	s.run(100, func() bool {
+		pn := s.pns["both"]
+		return pn != nil && pn.Status.ActiveMode == v1alpha1.ModeNFTables && s.cfg("pc").Status.Nodes.Updated == 5
+	})
+	if c := s.cond("edge", v1alpha1.ConditionDegraded); c.Status != metav1.ConditionFalse {
+		t.Errorf("edge still degraded: %+v", c)
+	}
+}
+
+func TestNoNodesSelected(t *testing.T) {
+	s := newSim(t, 3, v1alpha1.ModeNFTables, selector(map[string]v1alpha1.LabelValue{"pool": "nope"}))
+	s.steps(2)
+	st := s.cfg("pc").Status
+	if st.Phase != v1alpha1.RolloutPending || st.Nodes.Summary != "0/0" || st.Selector != "pool=nope" {
+		t.Fatalf("%+v", st)
+	}
+	if c := s.cond("pc", v1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != ReasonNoNodesSelected {
+		t.Errorf("Ready %+v", c)
+	}
+}
+
+func TestNodeJoinsAfterCompletionAndDeletedNode(t *testing.T) {
+	s := newSim(t, 5, v1alpha1.ModeNFTables, maxU(intstr.FromInt32(2)), canary(1, "1m"))
+	s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	first := s.cfg("pc").Status.CompletionTime
+	s.addNode("node-late", map[string]string{"pool": "a"})
+	s.steps(1)
+	if st := s.cfg("pc").Status; st.Phase != v1alpha1.RolloutPreflight || st.Nodes.Summary != "5/6" {
+		t.Errorf("joined node: phase %s %+v", st.Phase, st.Nodes)
+	}
+	s.run(100, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	if pn := s.pns["node-late"]; pn.Status.ActiveMode != v1alpha1.ModeNFTables {
+		t.Errorf("late node runs %s", pn.Status.ActiveMode)
+	}
+	if st := s.cfg("pc").Status; st.Nodes.Summary != "6/6" || !st.CompletionTime.After(first.Time) {
+		t.Errorf("status %+v", st)
+	}
+	// A deleted node drops out of the counts.
+	s.nodes[0].Deleting = true
+	s.steps(1)
+	if st := s.cfg("pc").Status; st.Nodes.Summary != "5/5" || st.Phase != v1alpha1.RolloutCompleted {
+		t.Errorf("after delete %+v", st.Nodes)
+	}
+	s.nodes = s.nodes[1:]
+	s.steps(1)
+	if st := s.cfg("pc").Status; st.Nodes.Selected != 5 {
+		t.Errorf("after delete %+v", st.Nodes)
+	}
+}
+
+func TestDeletedNodeMidRolloutFreesBudget(t *testing.T) {
+	s := newSim(t, 6, v1alpha1.ModeNFTables, maxU(intstr.FromInt32(1)), canary(0, ""))
+	s.agents["node-00"].hang = true
+	s.steps(5)
+	if s.pns["node-00"].Spec.DesiredMode == "" {
+		t.Fatal("node-00 not started")
+	}
+	// node-00 hangs, then its Node goes away: the rest proceeds.
+	s.nodes = s.nodes[1:]
+	s.run(200, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	if st := s.cfg("pc").Status; st.Nodes.Summary != "5/5" {
+		t.Errorf("%+v", st.Nodes)
+	}
+}
+
+func TestReplacedNodeGetsFreshProxyNode(t *testing.T) {
+	s := newSim(t, 2, v1alpha1.ModeNFTables)
+	s.run(100, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	s.nodes[0].UID = "uid-new"
+	s.agents["node-00"] = &agent{facts: allFacts(), initial: v1alpha1.ModeIPTables, delay: time.Second}
+	res := Plan(s.input(s.cfg("pc")))
+	if len(res.Delete) != 1 || res.Delete[0].Name != "node-00" || len(res.Create) != 0 {
+		t.Fatalf("delete %v create %v", res.Delete, res.Create)
+	}
+	s.run(100, func() bool {
+		pn := s.pns["node-00"]
+		return pn != nil && pn.OwnerReferences[0].UID == "uid-new" && s.cfg("pc").Status.Phase == v1alpha1.RolloutCompleted
+	})
+}

@@ -1,0 +1,68 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+func TestRelevantChange(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mut  func(*v1alpha1.ProxyNode)
+		want bool
+	}{
+		"nothing":           {func(*v1alpha1.ProxyNode) {}, false},
+		"sync time":         {func(p *v1alpha1.ProxyNode) { p.Status.LastSyncTime = &metav1.Time{Time: time.Now()} }, false},
+		"counts":            {func(p *v1alpha1.ProxyNode) { p.Status.Counts = &v1alpha1.RuleCounts{Rules: 5} }, false},
+		"reported time":     {func(p *v1alpha1.ProxyNode) { p.Status.Kernel.ReportedTime = &metav1.Time{Time: time.Now()} }, false},
+		"condition message": {func(p *v1alpha1.ProxyNode) { p.Status.Conditions[0].Message = "still ok" }, false},
+		"spec":              {func(p *v1alpha1.ProxyNode) { p.Spec.DesiredMode = v1alpha1.ModeNFTables }, true},
+		"annotation":        {func(p *v1alpha1.ProxyNode) { p.Annotations["a"] = "c" }, true},
+		"active mode":       {func(p *v1alpha1.ProxyNode) { p.Status.ActiveMode = v1alpha1.ModeIPVS }, true},
+		"phase":             {func(p *v1alpha1.ProxyNode) { p.Status.Phase = v1alpha1.NodeProgramming }, true},
+		"observed config": {func(p *v1alpha1.ProxyNode) {
+			p.Status.ObservedConfig = &v1alpha1.ConfigReference{Name: "pc", Generation: 1}
+		}, true},
+		"kernel facts":      {func(p *v1alpha1.ProxyNode) { p.Status.Kernel.NFTables = v1alpha1.CapabilityNo }, true},
+		"kernel facts gone": {func(p *v1alpha1.ProxyNode) { p.Status.Kernel = nil }, true},
+		"condition status":  {func(p *v1alpha1.ProxyNode) { p.Status.Conditions[0].Status = metav1.ConditionFalse }, true},
+		"condition added": {func(p *v1alpha1.ProxyNode) {
+			p.Status.Conditions = append(p.Status.Conditions, metav1.Condition{Type: "Degraded"})
+		}, true},
+		"deletion requested": {func(p *v1alpha1.ProxyNode) { p.DeletionTimestamp = &metav1.Time{Time: time.Now()} }, true},
+	} {
+		o, n := pn(), pn()
+		tc.mut(n)
+		if got := relevantChange(o, n); got != tc.want {
+			t.Errorf("%s: relevantChange = %v, want %v", name, got, tc.want)
+		}
+	}
+}
+
+func TestCacheTransform(t *testing.T) {
+	tr := CacheOptions().DefaultTransform
+	p := pn()
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "x"}}
+	p.Status.LastSyncTime = &metav1.Time{Time: time.Now()}
+	p.Status.Counts = &v1alpha1.RuleCounts{Rules: 3}
+	out, err := tr(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*v1alpha1.ProxyNode)
+	if got.ManagedFields != nil || got.Status.LastSyncTime != nil || got.Status.Counts != nil || got.Status.Kernel.Version != "" {
+		t.Errorf("not stripped: %+v", got)
+	}
+	if got.Annotations["a"] != "b" || got.Spec.DesiredMode != v1alpha1.ModeIPVS || got.Status.Kernel.NFTables != v1alpha1.CapabilityYes {
+		t.Errorf("stripped too much: %+v", got)
+	}
+	node := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"l": "v"}, Annotations: map[string]string{"big": "x"}}}
+	out, _ = tr(node)
+	if m := out.(*metav1.PartialObjectMetadata); m.Annotations != nil || m.Labels["l"] != "v" {
+		t.Errorf("node metadata %+v", m)
+	}
+}

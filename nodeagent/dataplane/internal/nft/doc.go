@@ -1,0 +1,25 @@
+// Package nft is the one low-level nftables layer of the dataplanes: what
+// the nftables backend's table, the ipvs backend's helper table and the
+// iptables backend's reading of iptables-nft's tables all build on.
+//
+//   - Family: what differs between the ip and ip6 families (where the
+//     addresses sit in the network header, their length and set type,
+//     the registers of a concatenated key, the NAT family, the ICMP code
+//     that refuses a connection).
+//   - Builder and Rule: a rule as kernel expressions and as nft's text,
+//     built together so that they cannot disagree; the text is what
+//     golden files, plans and diffs compare. Every match and statement the
+//     backends use is here once: ct state and status, address and
+//     prefix matches, set lookups, verdict maps, fib, marks, NAT,
+//     masquerade, reject, verdicts.
+//   - Chain, Hook, Set, Element and Verdict: definitions, turned into
+//     google/nftables' types, with elements split into messages that fit
+//     a netlink attribute.
+//   - Txn: one transaction, sent to the kernel in one sendmsg and applied
+//     whole or not at all; and the dumps that read a table back in one
+//     request each (its chains, its rule counts), which google/nftables
+//     can only do chain by chain.
+//
+// The package knows nothing of services: the backends decide what to
+// program, this package says it to the kernel.
+package nft

@@ -1,0 +1,182 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+)
+
+// Reading a table back. google/nftables lists the rules of one chain at a
+// time, each a dump that walks the whole table; with tens of thousands of
+// chains that is as many round trips. The dumps here ask for all the
+// chains, or all the rules, of one table in one request.
+
+// Open returns a google/nftables connection for reading the network
+// namespace netns.
+func Open(netns nsexec.NS) (*nftables.Conn, error) {
+	return nftables.New(nftables.WithNetNSFd(netns.FD()))
+}
+
+// FindTable returns table name of family fam as the kernel has it, nil if
+// there is none.
+func FindTable(conn *nftables.Conn, fam nftables.TableFamily, name string) (*nftables.Table, error) {
+	tables, err := conn.ListTablesOfFamily(fam)
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the tables of family %d: %w", fam, err)
+	}
+	for _, t := range tables {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return nil, nil
+}
+
+// OpenTable opens a connection for reading network namespace netns and
+// finds table name of family fam there: a nil table when there is none.
+func OpenTable(netns nsexec.NS, fam nftables.TableFamily, name string) (*nftables.Conn, *nftables.Table, error) {
+	conn, err := Open(netns)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := FindTable(conn, fam, name)
+	return conn, t, err
+}
+
+// ChainInfo is a chain as a dump lists it.
+type ChainInfo struct {
+	Name string
+	// Base says the chain is attached to a hook.
+	Base bool
+}
+
+// Chains lists the chains of table (family fam) in network namespace
+// netns, in the kernel's order; none when there is no such table.
+func Chains(netns nsexec.NS, fam nftables.TableFamily, table string) ([]ChainInfo, error) {
+	var out []ChainInfo
+	err := dump(netns, fam, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table, func(ad *netlink.AttributeDecoder) {
+		var t string
+		c := ChainInfo{}
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_CHAIN_TABLE:
+				t = ad.String()
+			case unix.NFTA_CHAIN_NAME:
+				c.Name = ad.String()
+			case unix.NFTA_CHAIN_HOOK:
+				c.Base = true
+			}
+		}
+		if t == table && c.Name != "" {
+			out = append(out, c)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the chains of %s: %w", table, err)
+	}
+	return out, nil
+}
+
+// RuleCounts returns the number of rules in each chain of table (family
+// fam) in network namespace netns, from one dump of the whole table; nil
+// when there is no such table. (A rule dump resumes each netlink message
+// by skipping as many rules as it already sent, so it costs more than the
+// table's size: syncs should not ask.)
+func RuleCounts(netns nsexec.NS, fam nftables.TableFamily, table string) (map[string]int, error) {
+	counts := map[string]int{}
+	err := dump(netns, fam, unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, table, func(ad *netlink.AttributeDecoder) {
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_RULE_CHAIN {
+				counts[ad.String()]++
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the rules of %s: %w", table, err)
+	}
+	if len(counts) == 0 {
+		return nil, nil
+	}
+	return counts, nil
+}
+
+// dump runs one dump request of type msgType (family fam) filtered by
+// table (attribute tableAttr), calling fn with each answer's attributes.
+// A table that does not exist is no error: fn is not called.
+func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, table string, fn func(*netlink.AttributeDecoder)) error {
+	c, err := dial(netns)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ae := netlink.NewAttributeEncoder()
+	ae.String(tableAttr, table)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		// struct nfgenmsg: family, version, resource id.
+		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return err
+		}
+		fn(ad)
+		if err := ad.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteTable deletes table name of family f in network namespace netns,
+// with everything in it, in one transaction. It returns the line that
+// says what it removed, "" when there was no such table.
+func DeleteTable(netns nsexec.NS, f *Family, name string) (string, error) {
+	_, t, err := OpenTable(netns, f.Table, name)
+	if err != nil || t == nil {
+		return "", err
+	}
+	txn := NewTxn(netns)
+	txn.Conn().DelTable(t)
+	if err := txn.Commit(); err != nil {
+		return "", fmt.Errorf("nft: delete table %s %s: %w", f.Name, name, err)
+	}
+	return fmt.Sprintf("nftables table %s %s", f.Name, name), nil
+}
+
+// TableExists says whether table name exists in either family (ip, ip6)
+// in network namespace netns.
+func TableExists(netns nsexec.NS, name string) (bool, error) {
+	conn, err := Open(netns)
+	if err != nil {
+		return false, err
+	}
+	for _, f := range Families {
+		if t, err := FindTable(conn, f.Table, name); err != nil || t != nil {
+			return t != nil, err
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,212 @@
+package nft
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+)
+
+// Hook is where a base chain is attached.
+type Hook struct {
+	Type nftables.ChainType
+	// Name is the hook's name in nft's syntax (prerouting, input...).
+	Name     string
+	Num      nftables.ChainHook
+	Priority nftables.ChainPriority
+}
+
+// Chain is a chain and its rules; Hook is nil for a regular chain.
+type Chain struct {
+	Name  string
+	Hook  *Hook
+	Rules []Rule
+}
+
+// Kernel is the google/nftables description of the chain, in table t.
+func (c *Chain) Kernel(t *nftables.Table) *nftables.Chain {
+	k := &nftables.Chain{Name: c.Name, Table: t}
+	if h := c.Hook; h != nil {
+		k.Type = h.Type
+		k.Hooknum = nftables.ChainHookRef(h.Num)
+		k.Priority = nftables.ChainPriorityRef(h.Priority)
+	}
+	return k
+}
+
+// SameHook says whether a chain found in the kernel can be kept for c:
+// both regular, or attached alike.
+func (c *Chain) SameHook(k *nftables.Chain) bool {
+	if c.Hook == nil || k.Hooknum == nil || k.Priority == nil {
+		return c.Hook == nil && k.Hooknum == nil
+	}
+	return k.Type == c.Hook.Type && *k.Hooknum == c.Hook.Num && *k.Priority == c.Hook.Priority
+}
+
+// Dump writes the chain as `nft list table` shows it, inside a table
+// block.
+func (c *Chain) Dump(b *strings.Builder) {
+	fmt.Fprintf(b, "\tchain %s {\n", c.Name)
+	if h := c.Hook; h != nil {
+		fmt.Fprintf(b, "\t\ttype %s hook %s priority %d; policy accept;\n", h.Type, h.Name, h.Priority)
+	}
+	for _, r := range c.Rules {
+		fmt.Fprintf(b, "\t\t%s\n", r.Text)
+	}
+	b.WriteString("\t}\n")
+}
+
+// Set is the definition of a named set or map.
+type Set struct {
+	Name    string
+	KeyType nftables.SetDatatype
+	// Concat says the key is a concatenation, each field in a 32-bit
+	// register of its own; an interval set of such keys holds ranges
+	// (the kernel's pipapo backend), any other interval set intervals of
+	// one big-endian number (its rbtree).
+	Concat   bool
+	Interval bool
+	// VerdictMap maps keys to verdicts; a DataType of non-zero length
+	// makes the set a data map.
+	VerdictMap bool
+	DataType   nftables.SetDatatype
+	// HostOrderKey keys (numgen results) are in host byte order.
+	HostOrderKey bool
+	// Timeout > 0 makes the set one the packet path fills itself, whose
+	// elements expire.
+	Timeout time.Duration
+}
+
+// Kernel is the google/nftables description of the set, in table t.
+func (s *Set) Kernel(t *nftables.Table) *nftables.Set {
+	k := &nftables.Set{
+		Table:         t,
+		Name:          s.Name,
+		KeyType:       s.KeyType,
+		IsMap:         s.VerdictMap || s.DataType.Bytes > 0,
+		Interval:      s.Interval,
+		Concatenation: s.Concat,
+		KeyByteOrder:  binaryutil.BigEndian,
+	}
+	switch {
+	case s.VerdictMap:
+		k.DataType = nftables.TypeVerdict
+	case k.IsMap:
+		k.DataType = s.DataType
+	}
+	if s.HostOrderKey {
+		k.KeyByteOrder = binaryutil.NativeEndian
+	}
+	if s.Timeout > 0 {
+		k.HasTimeout, k.Dynamic, k.Timeout = true, true, s.Timeout
+	}
+	return k
+}
+
+// Element is one element of a set or map.
+type Element struct {
+	Key []byte
+	// KeyEnd, in interval sets, is the last key of the interval
+	// (inclusive); nil for an interval of one key.
+	KeyEnd  []byte
+	Verdict *Verdict
+	// Data is the value of a data map's element.
+	Data    []byte
+	Comment string
+}
+
+// size is about how many bytes the element takes in a message.
+func (e Element) size() int {
+	n := 64 + len(e.Key) + len(e.KeyEnd) + len(e.Data) + len(e.Comment)
+	if e.Verdict != nil {
+		n += len(e.Verdict.Chain)
+	}
+	return n
+}
+
+// kernelElements are the kernel's elements for elems of s, each read by
+// elem. A range of a concatenation carries its last key
+// (NFTA_SET_ELEM_KEY_END); any other interval is its first key and,
+// flagged as the end of the interval, the first key after it, none when
+// it runs to the end of the key space.
+func kernelElements[E any](s *nftables.Set, elems []E, elem func(*E) Element) []nftables.SetElement {
+	n := len(elems)
+	if s.Interval && !s.Concatenation {
+		n *= 2
+	}
+	out := make([]nftables.SetElement, 0, n)
+	for i := range elems {
+		e := elem(&elems[i])
+		ke := nftables.SetElement{Key: e.Key, Val: e.Data, Comment: e.Comment}
+		if e.Verdict != nil {
+			ke.VerdictData = e.Verdict.Expr()
+		}
+		switch {
+		case s.Interval && s.Concatenation:
+			ke.KeyEnd = e.KeyEnd
+			out = append(out, ke)
+		case s.Interval:
+			out = append(out, ke)
+			last := e.KeyEnd
+			if last == nil {
+				last = e.Key
+			}
+			if next := increment(last); next != nil {
+				out = append(out, nftables.SetElement{Key: next, IntervalEnd: true})
+			}
+		default:
+			out = append(out, ke)
+		}
+	}
+	return out
+}
+
+// increment returns the big-endian number b plus one, nil when b is the
+// highest number of its length.
+func increment(b []byte) []byte {
+	out := append([]byte(nil), b...)
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i]++
+		if out[i] != 0 {
+			return out
+		}
+	}
+	return nil
+}
+
+// maxElementBytes bounds the elements of one message: they travel in one
+// netlink attribute, whose length field has 16 bits.
+const maxElementBytes = 32 << 10
+
+// AddElements queues the addition of elems to set s on conn, in as many
+// messages as they need. elem reads a backend's element as nft's (the
+// backends keep more in theirs, such as its text).
+func AddElements[E any](conn *nftables.Conn, s *nftables.Set, elems []E, elem func(*E) Element) error {
+	return queueElements(s, elems, elem, conn.SetAddElements)
+}
+
+// DeleteElements queues the deletion of elems from set s on conn, in as
+// many messages as they need.
+func DeleteElements[E any](conn *nftables.Conn, s *nftables.Set, elems []E, elem func(*E) Element) error {
+	return queueElements(s, elems, elem, conn.SetDeleteElements)
+}
+
+func queueElements[E any](s *nftables.Set, elems []E, elem func(*E) Element, queue func(*nftables.Set, []nftables.SetElement) error) error {
+	start, size := 0, 0
+	for i := range elems {
+		n := elem(&elems[i]).size()
+		if size+n > maxElementBytes && i > start {
+			if err := queue(s, kernelElements(s, elems[start:i], elem)); err != nil {
+				return err
+			}
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(elems) {
+		return queue(s, kernelElements(s, elems[start:], elem))
+	}
+	return nil
+}

@@ -1,0 +1,412 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// The kernel tests program real iptables rules, both variants, in network
+// namespaces of their own (as root only; skipped when a variant's tools
+// are missing).
+
+// kernelNS returns a new network namespace, skipping the test unless v's
+// tools are installed.
+func kernelNS(t testing.TB, v Variant) *netlab.NetNS {
+	t.Helper()
+	netlab.RequireRoot(t)
+	if ok, missing := (runner{variant: v}).installed(); !ok {
+		t.Skipf("needs %s (Debian package iptables)", missing)
+	}
+	return netlab.NewNetNS(t, "ipt")
+}
+
+func newKernelBackend(t testing.TB, ns *netlab.NetNS, v Variant) *Backend {
+	t.Helper()
+	b, err := New(nodeWithIPs, WithVariant(v), WithNetNS(ns.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ipt runs an iptables tool of variant v in ns: tool is "" (iptables
+// itself), "save" or "restore"; ip6 selects ip6tables.
+func ipt(t testing.TB, ns *netlab.NetNS, v Variant, ip6 bool, tool string, stdin string, args ...string) string {
+	t.Helper()
+	name := "iptables-" + string(v)
+	if ip6 {
+		name = "ip6tables-" + string(v)
+	}
+	if tool != "" {
+		name += "-" + tool
+	}
+	path, err := lookPath(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in []byte
+	if stdin != "" {
+		in = []byte(stdin)
+	}
+	out, err := ns.NS().Output(context.Background(), in, path, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// kernelModel is a mix of every kind of service, in both families.
+func kernelModel() *model.Snapshot {
+	v4 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80,
+			dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)),
+		dt.Svc("default", "np", "http", "10.96.0.11", 80, dt.NodePort(30080), dt.EP("10.244.1.5", 8080, dt.Local)),
+		dt.Svc("shop", "front", "https", "10.96.0.20", 443, dt.NodePort(30443), dt.LB("198.18.100.1"),
+			dt.SourceRanges("203.0.113.0/24", "192.168.1.0/24"), dt.EP("10.244.1.6", 8443)),
+		dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour),
+			dt.EP("10.244.1.7", 8080), dt.EP("10.244.2.7", 8080)),
+		dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6")),
+		dt.Svc("default", "ingress", "http", "10.96.0.80", 80, dt.NodePort(30081), dt.LB("198.18.100.2"), dt.ETPLocal,
+			dt.EP("10.244.2.8", 8080)),
+		dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.9", 53)),
+		dt.Svc("default", "cache", "dns", "10.96.0.54", 53, dt.UDP, dt.ITPLocal, dt.EP("10.244.2.9", 53)),
+	)
+	v6 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080),
+			dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)),
+	)
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
+		corev1.IPv4Protocol: v4, corev1.IPv6Protocol: v6,
+	}}
+}
+
+// ours renders proxyshift's part of both families' tables in ns, the
+// way a reader compares them: every proxyshift chain with its rules
+// sorted (the order of the ports' rules in the fixed chains depends on
+// the sync history), and the jump rules of the built-in chains.
+func ours(t testing.TB, ns *netlab.NetNS, v Variant) string {
+	t.Helper()
+	var b strings.Builder
+	for _, ip6 := range []bool{false, true} {
+		cur, err := parseSave([]byte(ipt(t, ns, v, ip6, "save", "")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, table := range tables {
+			tb := cur[table]
+			if tb == nil {
+				continue
+			}
+			for _, c := range tb.chains {
+				var rules []string
+				for _, r := range tb.rules[c] {
+					if owned(c) || owned(target(r)) {
+						rules = append(rules, r)
+					}
+				}
+				if !owned(c) && len(rules) == 0 {
+					continue
+				}
+				if owned(c) {
+					slices.Sort(rules)
+				}
+				fmt.Fprintf(&b, "ip6=%v %s %s\n", ip6, table, c)
+				for _, r := range rules {
+					b.WriteString("  " + r + "\n")
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+// foreign renders everything in both families' tables in ns that is not
+// proxyshift's, with the built-in chains' policies.
+func foreign(t testing.TB, ns *netlab.NetNS, v Variant) string {
+	t.Helper()
+	var b strings.Builder
+	for _, ip6 := range []bool{false, true} {
+		for _, line := range strings.Split(ipt(t, ns, v, ip6, "save", ""), "\n") {
+			if strings.HasPrefix(line, "#") || strings.Contains(line, ChainPrefix) {
+				continue
+			}
+			if strings.HasPrefix(line, ":") {
+				line = line[:strings.LastIndex(line, " ")] // counters
+			}
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+// reference returns ours() of a fresh namespace after one full sync of m.
+func reference(t testing.TB, v Variant, m *model.Snapshot) string {
+	t.Helper()
+	ns := kernelNS(t, v)
+	b := newKernelBackend(t, ns, v)
+	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	return ours(t, ns, v)
+}
+
+// forEachVariant runs fn as a subtest per variant.
+func forEachVariant(t *testing.T, fn func(t *testing.T, v Variant)) {
+	for _, v := range variants {
+		t.Run(string(v), func(t *testing.T) { fn(t, v) })
+	}
+}
+
+func TestKernelSyncReadsBack(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		m := kernelModel()
+		synced, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.Programmed(ctx)
+		if err != nil || got != synced || got.Services != 9 || got.Endpoints != 11 {
+			t.Errorf("programmed %+v, %v; sync said %+v; want 9 services and 11 endpoints", got, err, synced)
+		}
+		first := ours(t, ns, v)
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		if again := ours(t, ns, v); again != first {
+			t.Errorf("a second full sync changed the tables:\n%s\nfirst:\n%s", again, first)
+		}
+	})
+}
+
+// Incremental syncs leave the kernel exactly as a full sync of the same
+// model does.
+func TestKernelIncrementalMatchesFull(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		m := kernelModel()
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		v4 := m.Ports[corev1.IPv4Protocol]
+		web, np, empty := nameOf("default", "web", "http"), nameOf("default", "np", "http"), nameOf("default", "empty", "http")
+		steps := []struct {
+			name   string
+			change func() model.ChangeSet
+		}{
+			{"endpoint replaced", func() model.ChangeSet {
+				sp := *v4[web]
+				sp.Endpoints = slices.Clone(sp.Endpoints)
+				sp.Endpoints[2].IP = sp.Endpoints[2].IP.Next()
+				v4[web] = &sp
+				return model.ChangeSet{web: {}}
+			}},
+			{"endpoints lost", func() model.ChangeSet {
+				sp := *v4[np]
+				sp.Endpoints = nil
+				v4[np] = &sp
+				return model.ChangeSet{np: {}}
+			}},
+			{"endpoints gained, policy Local", func() model.ChangeSet {
+				sp := *v4[empty]
+				dt.EP("10.244.1.40", 80, dt.Local)(&sp)
+				dt.ETPLocal(&sp)
+				v4[empty] = &sp
+				return model.ChangeSet{empty: {}}
+			}},
+			{"port deleted, port added, unchanged port named", func() model.ChangeSet {
+				delete(v4, web)
+				added := dt.Svc("default", "new", "http", "10.96.0.90", 80, dt.EP("10.244.3.90", 80))
+				v4[added.Name] = added
+				return model.ChangeSet{web: {}, added.Name: {}, np: {}}
+			}},
+		}
+		for _, step := range steps {
+			changed := step.change()
+			if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: changed}); err != nil {
+				t.Fatalf("%s: %v", step.name, err)
+			}
+			if got, want := ours(t, ns, v), reference(t, v, m); got != want {
+				t.Fatalf("%s: after the incremental sync:\n%s\nafter a full sync:\n%s", step.name, got, want)
+			}
+		}
+		synced, _ := b.Sync(ctx, dataplane.SyncRequest{Model: m})
+		if got, err := b.Programmed(ctx); err != nil || got != synced {
+			t.Errorf("programmed %+v, %v; the backend counts %+v", got, err, synced)
+		}
+	})
+}
+
+// An incremental sync that finds the kernel not as it left it (a rule it
+// deletes is gone) is redone as a full sync.
+func TestKernelIncrementalFallsBackToFull(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		m := kernelModel()
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		// The rule an incremental sync of web would delete is gone.
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-F", chainServices)
+		web := nameOf("default", "web", "http")
+		v4 := m.Ports[corev1.IPv4Protocol]
+		sp := *v4[web]
+		sp.Endpoints = nil
+		v4[web] = &sp
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := ours(t, ns, v), reference(t, v, m); got != want {
+			t.Errorf("after the sync:\n%s\nwant:\n%s", got, want)
+		}
+	})
+}
+
+func TestKernelRepairsDrift(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		m := kernelModel()
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		want := ours(t, ns, v)
+		web := namesFor(nameOf("default", "web", "http"))
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-D", "PREROUTING", "1")
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-F", web.service)
+		ipt(t, ns, v, false, "", "", "-t", "filter", "-I", "INPUT", "-j", chainFilter)
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-N", "PROXYSHIFT-SVC-LEFTOVER")
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-A", "PROXYSHIFT-SVC-LEFTOVER", "-j", chainMarkMasq)
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-A", "POSTROUTING", "-j", "PROXYSHIFT-SVC-LEFTOVER")
+		ipt(t, ns, v, true, "", "", "-t", "nat", "-F", chainServices)
+		if ours(t, ns, v) == want {
+			t.Fatal("the drift changed nothing")
+		}
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := ours(t, ns, v); got != want {
+			t.Errorf("after the repair:\n%s\nwant:\n%s", got, want)
+		}
+	})
+}
+
+// Syncs and cleanups change nothing that is not proxyshift's: not other
+// chains and rules, not the built-in chains' policies.
+func TestKernelLeavesOthersAlone(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		for _, ip6 := range []bool{false, true} {
+			ipt(t, ns, v, ip6, "restore", `*nat
+:KUBE-SERVICES - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -p tcp -m tcp --dport 80 -j RETURN
+COMMIT
+*filter
+:FORWARD DROP [0:0]
+:DOCKER - [0:0]
+-A FORWARD -j DOCKER
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+*mangle
+:KUBE-IPTABLES-HINT - [0:0]
+COMMIT
+`, "--noflush")
+		}
+		before := foreign(t, ns, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		m := kernelModel()
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		web := nameOf("default", "web", "http")
+		delete(m.Ports[corev1.IPv4Protocol], web)
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		if after := foreign(t, ns, v); after != before {
+			t.Errorf("syncs changed what is not proxyshift's:\n%s\nbefore:\n%s", after, before)
+		}
+		removed, err := b.Cleanup(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(removed) == 0 {
+			t.Error("cleanup removed nothing")
+		}
+		if after := foreign(t, ns, v); after != before {
+			t.Errorf("cleanup changed what is not proxyshift's:\n%s\nbefore:\n%s", after, before)
+		}
+		if left := ours(t, ns, v); left != "" {
+			t.Errorf("left after cleanup:\n%s", left)
+		}
+		if got, err := b.Programmed(ctx); err != nil || got != (dataplane.Counts{}) {
+			t.Errorf("programmed after cleanup: %+v, %v", got, err)
+		}
+	})
+}
+
+// Rules are never split between the variants: a backend's first sync
+// removes proxyshift's objects from the other variant, and Cleanup
+// removes them from both.
+func TestKernelOneVariantOnly(t *testing.T) {
+	ns := kernelNS(t, Legacy)
+	if ok, missing := (runner{variant: NFT}).installed(); !ok {
+		t.Skipf("needs %s", missing)
+	}
+	ctx := context.Background()
+	m := kernelModel()
+	legacy := newKernelBackend(t, ns, Legacy)
+	if _, err := legacy.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	nft := newKernelBackend(t, ns, NFT)
+	if _, err := nft.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	if left := ours(t, ns, Legacy); left != "" {
+		t.Errorf("legacy still holds, after the nft backend's first sync:\n%s", left)
+	}
+	if ours(t, ns, NFT) == "" {
+		t.Fatal("nft holds nothing")
+	}
+
+	// Something of ours in legacy behind the backend's back.
+	ipt(t, ns, Legacy, false, "", "", "-t", "nat", "-N", "PROXYSHIFT-SVC-STRAY")
+	removed, err := nft.Cleanup(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(removed, "iptables-legacy nat chain PROXYSHIFT-SVC-STRAY") ||
+		!slices.Contains(removed, "iptables-nft nat rule PREROUTING -> PROXYSHIFT-SERVICES") ||
+		!slices.Contains(removed, "ip6tables-nft filter chain PROXYSHIFT-FILTER") {
+		t.Errorf("cleanup removed %q", removed)
+	}
+	for _, v := range variants {
+		if left := ours(t, ns, v); left != "" {
+			t.Errorf("%s holds after cleanup:\n%s", v, left)
+		}
+	}
+}

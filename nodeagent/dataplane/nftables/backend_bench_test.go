@@ -1,0 +1,41 @@
+package nftables
+
+import (
+	"context"
+	"testing"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+)
+
+// The benchmarks program a real kernel, in a network namespace of their
+// own, with n ClusterIP services of 10 endpoints each (as root only).
+
+// benchmarkFullSync measures a full resync of a table already holding
+// the model: every chain and map flushed and written again.
+func benchmarkFullSync(b *testing.B, n int) {
+	ns, _ := kernelNS(b)
+	be := newBackend(b, ns)
+	m := dt.BenchModel(n)
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		b.Fatal(err)
+	}
+	dt.FullSyncs(b, be, m)
+}
+
+// benchmarkOneEndpointChange measures an incremental sync after one
+// endpoint of one service changed.
+func benchmarkOneEndpointChange(b *testing.B, n int) {
+	ns, _ := kernelNS(b)
+	be := newBackend(b, ns)
+	m := dt.BenchModel(n)
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		b.Fatal(err)
+	}
+	dt.EndpointChanges(b, be, m)
+}
+
+func BenchmarkFullSync1k(b *testing.B)           { benchmarkFullSync(b, 1000) }
+func BenchmarkFullSync10k(b *testing.B)          { benchmarkFullSync(b, 10000) }
+func BenchmarkOneEndpointChange1k(b *testing.B)  { benchmarkOneEndpointChange(b, 1000) }
+func BenchmarkOneEndpointChange10k(b *testing.B) { benchmarkOneEndpointChange(b, 10000) }

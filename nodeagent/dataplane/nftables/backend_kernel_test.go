@@ -1,0 +1,583 @@
+package nftables
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// The kernel tests program a network namespace of their own and read it
+// back through google/nftables' list calls, never through the backend's
+// own memory.
+
+// kernelConfig is testConfig with NodePort addresses in both families.
+var kernelConfig = func() dataplane.NodeConfig {
+	c := testConfig
+	c.NodeIPs = []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("2001:db8::10")}
+	return c
+}()
+
+// kernelNS returns a fresh network namespace and a google/nftables
+// connection reading it.
+func kernelNS(t testing.TB) (*netlab.NetNS, *nftables.Conn) {
+	t.Helper()
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "nft")
+	conn, err := nftables.New(nftables.WithNetNSFd(ns.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, conn
+}
+
+func newBackend(t testing.TB, ns *netlab.NetNS) *Backend {
+	t.Helper()
+	b, err := New(kernelConfig, WithNetNS(ns.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testModel is a mix of every kind of service, in both families.
+func testModel() *model.Snapshot {
+	v4 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.4", 8080)),
+		dt.Svc("default", "np", "http", "10.96.0.11", 80, dt.NodePort(30080), dt.EP("10.244.1.5", 8080, dt.Local)),
+		dt.Svc("shop", "front", "https", "10.96.0.20", 443, dt.NodePort(30443), dt.LB("198.18.100.1"),
+			dt.SourceRanges("203.0.113.0/24", "192.168.1.0/24"), dt.EP("10.244.1.6", 8443)),
+		dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour), dt.EP("10.244.1.7", 8080), dt.EP("10.244.2.7", 8080)),
+		dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6")),
+		dt.Svc("default", "ingress", "http", "10.96.0.80", 80, dt.NodePort(30081), dt.LB("198.18.100.2"), dt.ETPLocal, dt.EP("10.244.2.8", 8080)),
+		dt.Svc("default", "dns", "dns", "10.96.0.53", 53, dt.UDP, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.9", 53)),
+	)
+	v6 := dt.PortsOf(
+		dt.Svc("default", "web", "http", "fd00:10:96::10", 80, dt.NodePort(30080), dt.EP("fd00:10:244:1::2", 8080), dt.EP("fd00:10:244:2::3", 8080, dt.Local)),
+	)
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
+		corev1.IPv4Protocol: v4, corev1.IPv6Protocol: v6,
+	}}
+}
+
+// expected renders the model as the backend b should have programmed
+// it: from scratch, except for the ports' ids (portObjects.id), which
+// depend on the order in which incremental syncs added ports and are
+// taken from b's memory (nil b: numbered afresh, as by a full sync).
+func expected(m *model.Snapshot, b *Backend) map[*family]*ruleset {
+	out := map[*family]*ruleset{}
+	for _, f := range families {
+		var ids map[model.ServicePortName]uint32
+		if b != nil && b.state[f] != nil {
+			ids = map[model.ServicePortName]uint32{}
+			for name, objs := range b.state[f].rs.ports {
+				ids[name] = objs.id
+			}
+		}
+		out[f], _ = renderIDs(f, m.Ports[f.Model], newNodePolicy(f, kernelConfig), ids)
+	}
+	return out
+}
+
+// tableView is a table as the kernel lists it: each chain's rule count
+// and hook, each set's elements (key in hex, verdict, comment); nil
+// elements for the affinity sets, whose contents are the packet path's.
+type tableView struct {
+	chains map[string]string
+	sets   map[string][]string
+}
+
+func viewOf(rs *ruleset) tableView {
+	v := tableView{chains: map[string]string{}, sets: map[string][]string{}}
+	for _, c := range rs.allChains() {
+		v.chains[c.Name] = chainSummary(len(c.Rules), c.Hook != nil, c.Hook)
+	}
+	for _, s := range rs.allSets() {
+		if s.dynamic() {
+			v.sets[s.name] = nil
+			continue
+		}
+		elems := []string{}
+		for _, e := range s.elems {
+			d := hex.EncodeToString(e.key)
+			if e.verdict != nil {
+				d += " : " + e.verdict.String()
+			}
+			if e.data != nil {
+				d += " : " + hex.EncodeToString(e.data)
+			}
+			elems = append(elems, d+" "+e.comment)
+		}
+		slices.Sort(elems)
+		v.sets[s.name] = elems
+	}
+	return v
+}
+
+func chainSummary(rules int, base bool, h *hook) string {
+	if !base {
+		return strings.Repeat("r", rules)
+	}
+	return strings.Repeat("r", rules) + " " + string(h.Type) + " " + h.Name + " " + itoa(int32(h.Priority))
+}
+
+var hookNames = map[nftables.ChainHook]string{0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
+
+// kernelView lists our table of family f in the namespace ns; ok is
+// false if it is absent.
+func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) (v tableView, ok bool) {
+	t.Helper()
+	tables, err := conn.ListTablesOfFamily(f.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table *nftables.Table
+	for _, tb := range tables {
+		if tb.Name == TableName {
+			table = tb
+		}
+	}
+	if table == nil {
+		return v, false
+	}
+	v = tableView{chains: map[string]string{}, sets: map[string][]string{}}
+	chains, err := conn.ListChainsOfTableFamily(f.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chains {
+		if c.Table.Name != TableName {
+			continue
+		}
+		rules, err := conn.GetRules(table, c)
+		if err != nil {
+			t.Fatalf("rules of %s: %v", c.Name, err)
+		}
+		var h *hook
+		if c.Hooknum != nil {
+			h = &hook{Type: c.Type, Name: hookNames[*c.Hooknum], Priority: *c.Priority}
+		}
+		v.chains[c.Name] = chainSummary(len(rules), h != nil, h)
+	}
+	sets, err := conn.GetSets(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sets {
+		if s.Anonymous {
+			continue
+		}
+		if s.HasTimeout {
+			v.sets[s.Name] = nil
+			continue
+		}
+		kelems, err := conn.GetSetElements(s)
+		if err != nil {
+			t.Fatalf("elements of %s: %v", s.Name, err)
+		}
+		var verdicts map[string]string
+		dataMap := kernelDataMap(s)
+		if s.IsMap && !dataMap {
+			verdicts = mapVerdicts(t, ns, f, s.Name)
+		}
+		elems := []string{}
+		for _, e := range kelems {
+			if e.IntervalEnd {
+				continue
+			}
+			d := hex.EncodeToString(e.Key)
+			switch {
+			case dataMap:
+				d += " : " + hex.EncodeToString(e.Val)
+			case s.IsMap:
+				d += " : " + verdicts[d]
+			}
+			elems = append(elems, d+" "+e.Comment)
+		}
+		slices.Sort(elems)
+		v.sets[s.Name] = elems
+	}
+	return v, true
+}
+
+// mapVerdicts lists the verdicts of a verdict map's elements by key (in
+// hex), from a netlink dump of its elements: google/nftables reads back
+// keys and comments but not verdicts.
+func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, set string) map[string]string {
+	t.Helper()
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.FD()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+	attrs, err := ae.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: netlink.Request | netlink.Dump},
+		Data:   append([]byte{byte(f.Table), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		t.Fatalf("dump elements of %s: %v", set, err)
+	}
+	out := map[string]string{}
+	nested := func(b []byte, fn func(*netlink.AttributeDecoder)) {
+		ad, err := netlink.NewAttributeDecoder(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			fn(ad)
+		}
+	}
+	for _, m := range msgs {
+		nested(m.Data[4:], func(ad *netlink.AttributeDecoder) {
+			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				return
+			}
+			nested(ad.Bytes(), func(ad *netlink.AttributeDecoder) {
+				var key string
+				v := &nft.Verdict{}
+				nested(ad.Bytes(), func(ad *netlink.AttributeDecoder) {
+					switch ad.Type() {
+					case unix.NFTA_SET_ELEM_KEY:
+						nested(ad.Bytes(), func(ad *netlink.AttributeDecoder) { key = hex.EncodeToString(ad.Bytes()) })
+					case unix.NFTA_SET_ELEM_DATA:
+						nested(ad.Bytes(), func(ad *netlink.AttributeDecoder) {
+							nested(ad.Bytes(), func(ad *netlink.AttributeDecoder) {
+								switch ad.Type() {
+								case unix.NFTA_VERDICT_CODE:
+									v.Kind = expr.VerdictKind(int32(ad.Uint32()))
+								case unix.NFTA_VERDICT_CHAIN:
+									v.Chain = ad.String()
+								}
+							})
+						})
+					}
+				})
+				out[key] = v.String()
+			})
+		})
+	}
+	return out
+}
+
+// assertProgrammed checks that the kernel holds exactly the rendering of
+// m in both families.
+func assertProgrammed(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, m *model.Snapshot, b *Backend) {
+	t.Helper()
+	for f, rs := range expected(m, b) {
+		got, ok := kernelView(t, ns, conn, f)
+		if !ok {
+			t.Errorf("table %s %s is missing", f.Name, TableName)
+			continue
+		}
+		want := viewOf(rs)
+		for _, name := range slices.Sorted(maps.Keys(want.chains)) {
+			if g, ok := got.chains[name]; !ok {
+				t.Errorf("%s: chain %s is missing", f.Name, name)
+			} else if g != want.chains[name] {
+				t.Errorf("%s: chain %s: kernel %q, want %q (r = one rule)", f.Name, name, g, want.chains[name])
+			}
+		}
+		for name := range got.chains {
+			if _, ok := want.chains[name]; !ok {
+				t.Errorf("%s: unexpected chain %s", f.Name, name)
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(want.sets)) {
+			if g, ok := got.sets[name]; !ok {
+				t.Errorf("%s: set %s is missing", f.Name, name)
+			} else if !slices.Equal(g, want.sets[name]) {
+				t.Errorf("%s: set %s: kernel has\n\t%s\nwant\n\t%s", f.Name, name, strings.Join(g, "\n\t"), strings.Join(want.sets[name], "\n\t"))
+			}
+		}
+		for name := range got.sets {
+			if _, ok := want.sets[name]; !ok {
+				t.Errorf("%s: unexpected set %s", f.Name, name)
+			}
+		}
+	}
+}
+
+func mustSync(t *testing.T, b *Backend, req dataplane.SyncRequest) dataplane.Counts {
+	t.Helper()
+	c, err := b.Sync(context.Background(), req)
+	if err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	p, err := b.Programmed(context.Background())
+	if err != nil {
+		t.Fatalf("programmed: %v", err)
+	}
+	if p != c {
+		t.Errorf("Sync reported %+v, Programmed reads back %+v", c, p)
+	}
+	return c
+}
+
+func TestKernelSyncReadsBack(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	if present, err := b.Present(context.Background()); err != nil || present {
+		t.Fatalf("Present before any sync: %v, %v", present, err)
+	}
+	m := testModel()
+	c := mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	// 8 service ports; endpoints 3+1+1+2+0+1+1 and 2.
+	if c.Services != 8 || c.Endpoints != 11 {
+		t.Errorf("counts %+v, want 8 services and 11 endpoints", c)
+	}
+	assertProgrammed(t, ns, conn, m, b)
+	if present, err := b.Present(context.Background()); err != nil || !present {
+		t.Errorf("Present after a sync: %v, %v", present, err)
+	}
+
+	// A full resync of an unchanged table recognizes every chain and set
+	// the kernel lists as its own: it only flushes and refills them.
+	for f, rs := range expected(m, nil) {
+		kt, err := b.list(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops, stale := fullPlan(rs, kt)
+		for _, o := range ops {
+			switch {
+			case (o.kind == opAddSet || o.kind == opDelSet) && strings.HasPrefix(o.name, prefixEndpointMap):
+				// Created anew on purpose (see fullPlan).
+			case o.kind == opAddChain, o.kind == opDelChain, o.kind == opAddSet, o.kind == opDelSet, o.kind == opDelTable:
+				t.Errorf("%s: full resync of an unchanged table: %s", f.Name, o)
+			}
+		}
+		if len(stale) > 0 {
+			t.Errorf("%s: stale chains in an unchanged table: %v", f.Name, stale)
+		}
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+}
+
+func TestKernelIncrementalSync(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m})
+
+	v4 := m.Ports[corev1.IPv4Protocol]
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	session := model.ServicePortName{Namespace: "default", Name: "session", Port: "http", Protocol: corev1.ProtocolTCP}
+	empty := model.ServicePortName{Namespace: "default", Name: "empty", Port: "http", Protocol: corev1.ProtocolTCP}
+	oldChain, _ := endpointNames(namesFor(web).base, v4[web].Endpoints[2])
+
+	// web's third endpoint moves; session goes away; empty gets an
+	// endpoint; a new service appears.
+	v4[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080))
+	delete(v4, session)
+	v4[empty] = dt.Svc("default", "empty", "http", "10.96.0.40", 80, dt.NodePort(30040), dt.ExternalIPs("198.18.50.6"), dt.EP("10.244.4.4", 80))
+	added := dt.Svc("default", "new", "grpc", "10.96.0.90", 9090, dt.EP("10.244.4.5", 9090))
+	v4[added.Name] = added
+	c := mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}, session: {}, empty: {}, added.Name: {}}})
+	assertProgrammed(t, ns, conn, m, b)
+	if c.Services != 8 || c.Endpoints != 11 {
+		t.Errorf("counts %+v, want 8 services and 11 endpoints", c)
+	}
+	if len(b.stale[ipv4]) != 0 {
+		t.Errorf("stale chains left: %v", b.stale[ipv4])
+	}
+	if kv, _ := kernelView(t, ns, conn, ipv4); kv.chains[oldChain] != "" {
+		t.Errorf("old endpoint chain %s is still there", oldChain)
+	}
+}
+
+func TestKernelRepairsDrift(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
+	v6 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv6}
+
+	// Someone deletes the ip table by hand; a full sync restores it.
+	conn.DelTable(v4)
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := kernelView(t, ns, conn, ipv4); ok {
+		t.Fatal("table still there after deleting it")
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+
+	// Someone flushes a chain, deletes a map element and adds a chain of
+	// their own; a full sync puts everything back and removes the extra.
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
+	elems, err := conn.GetSetElements(&nftables.Set{Name: mapServiceIPs, Table: v6, IsMap: true})
+	if err != nil || len(elems) == 0 {
+		t.Fatalf("service-ips of ip6: %v, %v", elems, err)
+	}
+	if err := conn.SetDeleteElements(&nftables.Set{Name: mapServiceIPs, Table: v6, IsMap: true}, elems[:1]); err != nil {
+		t.Fatal(err)
+	}
+	conn.AddChain(&nftables.Chain{Name: "intruder", Table: v4})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+
+	// Someone replaces service-ips by a map of the same name and flags but
+	// another key: the in-place rewrite fails on it, and the sync falls
+	// back to replacing the whole table.
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
+	conn.FlushSet(&nftables.Set{Name: mapServiceIPs, Table: v4})
+	conn.DelSet(&nftables.Set{Name: mapServiceIPs, Table: v4})
+	if err := conn.AddSet(&nftables.Set{Name: mapServiceIPs, Table: v4, ID: 1, IsMap: true, Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), DataType: nftables.TypeVerdict}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	assertProgrammed(t, ns, conn, m, b)
+
+	// The table disappears again, and the next sync is an incremental
+	// one: it fails against the missing table and falls back to a full
+	// sync, which restores it.
+	conn.DelTable(v4)
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	m.Ports[corev1.IPv4Protocol][name] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080))
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}})
+	assertProgrammed(t, ns, conn, m, b)
+}
+
+func TestKernelRestartKeepsRulesAndAffinity(t *testing.T) {
+	ns, conn := kernelNS(t)
+	m := testModel()
+	before := mustSync(t, newBackend(t, ns), dataplane.SyncRequest{Model: m, Full: true})
+
+	// A client is stuck to the session service's first endpoint.
+	session := m.Ports[corev1.IPv4Protocol][model.ServicePortName{Namespace: "default", Name: "session", Port: "http", Protocol: corev1.ProtocolTCP}]
+	_, affinitySet := endpointNames(namesFor(session.Name).base, session.Endpoints[0])
+	as := &nftables.Set{Name: affinitySet, Table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	client := []nftables.SetElement{{Key: netip.MustParseAddr("198.18.7.7").AsSlice(), Timeout: time.Hour}}
+	if err := conn.SetAddElements(as, client); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent restarts: a new backend must leave the kernel alone until
+	// its first sync...
+	b := newBackend(t, ns)
+	if p, err := b.Programmed(context.Background()); err != nil || p != before {
+		t.Fatalf("after New: programmed %+v (%v), want %+v", p, err, before)
+	}
+	assertProgrammed(t, ns, conn, m, b)
+	// ...which is a full one even if not asked for, keeps the affinity
+	// state, and removes what belonged to a service deleted while the
+	// agent was down.
+	delete(m.Ports[corev1.IPv4Protocol], model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP})
+	mustSync(t, b, dataplane.SyncRequest{Model: m})
+	assertProgrammed(t, ns, conn, m, b)
+	elems, err := conn.GetSetElements(as)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(elems) != 1 || netip.AddrFrom4([4]byte(elems[0].Key)) != netip.MustParseAddr("198.18.7.7") {
+		t.Errorf("affinity set after the first sync of a new backend: %v", elems)
+	}
+}
+
+func TestKernelRejectedTransactionChangesNothing(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	// A batch whose last rule jumps to a chain that does not exist: the
+	// kernel refuses it whole, including the chain before it.
+	err := b.commit(ipv4, []op{
+		{kind: opAddChain, name: "half", chain: &chain{Name: "half"}},
+		{kind: opFlushChain, name: chainServices},
+		{kind: opAddRule, name: "half", rule: nft.NewRule(ipv4).Goto("nowhere").Rule()},
+	})
+	if !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("commit of a broken batch: %v, want ENOENT", err)
+	}
+	assertProgrammed(t, ns, conn, m, b)
+}
+
+func TestKernelCleanup(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+
+	removed, err := b.Cleanup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"nftables table ip proxyshift", "nftables table ip6 proxyshift"}; !slices.Equal(removed, want) {
+		t.Errorf("Cleanup removed %q, want %q", removed, want)
+	}
+	for _, f := range families {
+		if _, ok := kernelView(t, ns, conn, f); ok {
+			t.Errorf("table %s %s still there after Cleanup", f.Name, TableName)
+		}
+	}
+	if p, err := b.Programmed(context.Background()); err != nil || p != (dataplane.Counts{}) {
+		t.Errorf("Programmed after Cleanup: %+v, %v", p, err)
+	}
+	removed, err = b.Cleanup(context.Background())
+	if err != nil || len(removed) != 0 {
+		t.Errorf("second Cleanup: %q, %v", removed, err)
+	}
+	// The backend starts over with a full sync.
+	mustSync(t, b, dataplane.SyncRequest{Model: m})
+	assertProgrammed(t, ns, conn, m, b)
+}
+
+func TestKernelLeavesOtherTablesAlone(t *testing.T) {
+	ns, conn := kernelNS(t)
+	other := conn.AddTable(&nftables.Table{Name: "kube-proxy", Family: nftables.TableFamilyIPv4})
+	conn.AddChain(&nftables.Chain{Name: "nat-prerouting", Table: other, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(t, ns)
+	mustSync(t, b, dataplane.SyncRequest{Model: testModel(), Full: true})
+	if _, err := b.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ListChain(other, "nat-prerouting"); err != nil {
+		t.Errorf("another table's chain is gone: %v", err)
+	}
+}
