@@ -35,12 +35,22 @@ func TestCgroupRemoveKillsAll(t *testing.T) {
 		}
 		go func() { waited <- cmd.Wait() }()
 	}
+	// Each shell joins the hierarchies one by one, then execs sleep.
+	execd := func() bool {
+		n := 0
+		for _, pid := range cg.pids() {
+			if comm(pid) == "sleep" {
+				n++
+			}
+		}
+		return n == 2
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(cg.pids()) < 2 && time.Now().Before(deadline) {
+	for !execd() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	pids := cg.pids()
-	if len(pids) != 2 {
+	if len(pids) != 2 || !execd() {
 		t.Fatalf("cgroup holds %v, want both sleeps", pids)
 	}
 	for _, m := range cg.mounts {
