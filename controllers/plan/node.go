@@ -87,7 +87,11 @@ func failure(pn *v1alpha1.ProxyNode, timeout time.Duration, now time.Time) (bool
 			}
 			return true, why, deadline
 		}
-		if ok, why := contract.Healthy(st); !ok {
+		// A node that observed this config and switches again (it is
+		// not Active: a re-programming after a change of its resolved
+		// settings) is Ready=False only because it is switching: that is
+		// progress, which the deadline bounds, not a failure.
+		if ok, why := contract.Healthy(st); !ok && !switchingOnly(st) {
 			return true, why, deadline
 		}
 		if st.Phase == v1alpha1.NodeActive && st.ActiveMode != s.DesiredMode {
@@ -99,6 +103,22 @@ func failure(pn *v1alpha1.ProxyNode, timeout time.Duration, now time.Time) (bool
 			s.DesiredMode, timeout, orNone(v1alpha1.ProxyMode(st.Phase)), orNone(st.ActiveMode)), deadline
 	}
 	return false, "", deadline
+}
+
+// switchingOnly says the node's only unhealthy condition is Ready=False
+// for the reason Switching, in a phase of a switch.
+func switchingOnly(st *v1alpha1.ProxyNodeStatus) bool {
+	if st.Phase == v1alpha1.NodeActive || st.Phase == v1alpha1.NodeFailed {
+		return false
+	}
+	for _, c := range st.Conditions {
+		switch {
+		case c.Type == contract.ConditionReady && c.Status == metav1.ConditionFalse && c.Reason != contract.ReasonSwitching,
+			c.Type == contract.ConditionDegraded && c.Status == metav1.ConditionTrue:
+			return false
+		}
+	}
+	return true
 }
 
 func firstFalseMessage(cs []metav1.Condition) string {

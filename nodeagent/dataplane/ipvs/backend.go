@@ -9,17 +9,15 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/google/nftables"
-
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
-// Backend is the IPVS dataplane. It is safe for concurrent use: syncs
-// and cleanups are serialized, Programmed and KernelSettings only read.
+// Backend is the IPVS dataplane: virtual services, a dummy interface and
+// a helper table. Syncs and cleanups are serialized, and Programmed and
+// KernelSettings only read, so it is safe for concurrent use.
 type Backend struct {
 	cfg       dataplane.NodeConfig
 	scheduler string
@@ -264,36 +262,6 @@ func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[
 	return conflicts, nil
 }
 
-// apply carries out a plan in its order (see plan). It stops at the first
-// step that fails, so that nothing is served without the helper table or
-// bound before its virtual services exist.
-func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
-	if p.replace {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
-		}
-	} else if len(p.preDel)+len(p.add) > 0 {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
-			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
-		}
-	}
-	if err := kn.applyIPVS(f, p.create, p.update); err != nil {
-		return err
-	}
-	if err := kn.bindAddrs(p.ensureLink, p.bind, p.unbind); err != nil {
-		return err
-	}
-	if err := kn.removeServices(f, p.remove); err != nil {
-		return err
-	}
-	if len(p.postDel) > 0 {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
-			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.Name, err)
-		}
-	}
-	return nil
-}
-
 // Programmed reads back what the kernel holds for the backend, in both
 // families: Services counts the service ports the helper table records
 // a live virtual service for, Endpoints the distinct real servers of
@@ -365,7 +333,7 @@ func (b *Backend) Present(context.Context) (bool, error) {
 	if l, err := kn.dummy(false); err != nil || l != nil {
 		return l != nil, err
 	}
-	return nft.TableExists(kn.netns, TableName)
+	return kn.tableExists()
 }
 
 // Cleanup removes everything the backend owns: its virtual services (as
@@ -420,7 +388,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 	}
 	for _, f := range families {
-		line, err := nft.DeleteTable(kn.netns, f.Family, TableName)
+		line, err := kn.deleteTable(f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("ipvs: %w", err))
 		} else if line != "" {

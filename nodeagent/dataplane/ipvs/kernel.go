@@ -347,6 +347,36 @@ func (kn *kernel) bindAddrs(ensure bool, bind, unbind []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
+// apply carries out a plan in its order (see plan). It stops at the first
+// step that fails, so that nothing is served without the helper table or
+// bound before its virtual services exist.
+func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
+	if p.replace {
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
+		}
+	} else if len(p.preDel)+len(p.add) > 0 {
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
+			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
+		}
+	}
+	if err := kn.applyIPVS(f, p.create, p.update); err != nil {
+		return err
+	}
+	if err := kn.bindAddrs(p.ensureLink, p.bind, p.unbind); err != nil {
+		return err
+	}
+	if err := kn.removeServices(f, p.remove); err != nil {
+		return err
+	}
+	if len(p.postDel) > 0 {
+		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
+			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.Name, err)
+		}
+	}
+	return nil
+}
+
 // writeTable sends, as one transaction, what queue queues.
 func (kn *kernel) writeTable(queue func(*nftables.Conn) error) error {
 	t := nft.NewTxn(kn.netns)
@@ -354,6 +384,15 @@ func (kn *kernel) writeTable(queue func(*nftables.Conn) error) error {
 		return err
 	}
 	return t.Commit()
+}
+
+// tableExists says whether the helper table exists in either family.
+func (kn *kernel) tableExists() (bool, error) { return nft.TableExists(kn.netns, TableName) }
+
+// deleteTable deletes family f's helper table, and says so ("" when there
+// was none).
+func (kn *kernel) deleteTable(f *family) (string, error) {
+	return nft.DeleteTable(kn.netns, f.Family, TableName)
 }
 
 // tableContents is what the kernel holds in a helper table.

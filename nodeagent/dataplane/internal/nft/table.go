@@ -132,9 +132,17 @@ func (e Element) size() int {
 // flagged as the end of the interval, the first key after it, none when
 // it runs to the end of the key space.
 func kernelElements[E any](s *nftables.Set, elems []E, elem func(*E) Element) []nftables.SetElement {
+	ends := s.Interval && !s.Concatenation
 	n := len(elems)
-	if s.Interval && !s.Concatenation {
+	var endKeys []byte // the end elements' keys, in one allocation
+	if ends {
 		n *= 2
+		size := 0
+		for i := range elems {
+			e := elem(&elems[i])
+			size += max(len(e.KeyEnd), len(e.Key))
+		}
+		endKeys = make([]byte, 0, size)
 	}
 	out := make([]nftables.SetElement, 0, n)
 	for i := range elems {
@@ -147,13 +155,15 @@ func kernelElements[E any](s *nftables.Set, elems []E, elem func(*E) Element) []
 		case s.Interval && s.Concatenation:
 			ke.KeyEnd = e.KeyEnd
 			out = append(out, ke)
-		case s.Interval:
+		case ends:
 			out = append(out, ke)
 			last := e.KeyEnd
 			if last == nil {
 				last = e.Key
 			}
-			if next := increment(last); next != nil {
+			start := len(endKeys)
+			endKeys = append(endKeys, last...)
+			if next := endKeys[start:]; increment(next) {
 				out = append(out, nftables.SetElement{Key: next, IntervalEnd: true})
 			}
 		default:
@@ -163,17 +173,17 @@ func kernelElements[E any](s *nftables.Set, elems []E, elem func(*E) Element) []
 	return out
 }
 
-// increment returns the big-endian number b plus one, nil when b is the
-// highest number of its length.
-func increment(b []byte) []byte {
-	out := append([]byte(nil), b...)
-	for i := len(out) - 1; i >= 0; i-- {
-		out[i]++
-		if out[i] != 0 {
-			return out
+// increment adds one to the big-endian number b, in place, and says
+// whether it did not overflow (b was not the highest number of its
+// length).
+func increment(b []byte) bool {
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i]++
+		if b[i] != 0 {
+			return true
 		}
 	}
-	return nil
+	return false
 }
 
 // maxElementBytes bounds the elements of one message: they travel in one
