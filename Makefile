@@ -41,12 +41,17 @@ test: verify ## Run every test: real API server, real netfilter, the real-node c
 	hack/install-deps.sh
 	hack/realcluster.sh >/dev/null
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
+	hack/fuzz.sh
 	hack/vm/run.sh
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.
 	hack/install-deps.sh
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 5s; make test does this too).
+	hack/fuzz.sh
 
 .PHONY: test-real
 test-real: ## Run the real-node cluster's test (3 nodes with containerd and kubelet v1.37.2, kube-proxy, a Deployment; test/realcluster); as root.

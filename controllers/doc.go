@@ -130,12 +130,17 @@
 package controllers
 
 // The operator's permissions, rendered into config/rbac/operator by
-// `make manifests`. It writes ProxyConfig status and ProxyNode spec only,
-// reads Nodes, and records Events.
+// `make manifests`; config/rbac/README.md says what uses each verb. It
+// lists and watches ProxyConfigs, ProxyNodes and Nodes (the manager's
+// cache serves every get), writes ProxyConfig status and ProxyNodes,
+// records Events (events.k8s.io), and checks the tokens that scrape its
+// metrics (TokenReviews, SubjectAccessReviews). Leader election's Lease
+// and its Events are a Role in its own namespace (config/rbac).
 //
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs,verbs=get;list;watch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs,verbs=list;watch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs/status,verbs=update
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

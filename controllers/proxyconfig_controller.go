@@ -24,6 +24,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers/plan"
+	"github.com/proxyshift/proxyshift/internal/text"
 )
 
 // ControllerName names the controller, its events' reporting controller and
@@ -398,11 +399,7 @@ func relatedProxyNode(name string) runtime.Object {
 }
 
 func truncateNote(s string) string {
-	const max = 1000 // events.k8s.io notes are limited to 1 kB
-	if len(s) <= max {
-		return s
-	}
-	return s[:max-3] + "..."
+	return text.Cut(s, 1000) // events.k8s.io notes are limited to 1 kB
 }
 
 // writeConcurrency bounds the ProxyNode writes one reconcile has in flight.

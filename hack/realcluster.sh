@@ -12,8 +12,6 @@
 # storage drivers that need cgo (btrfs, devmapper, zfs); the shim also leaves
 # out gRPC, as containerd's own release build does. runc and the CNI plugins
 # come from Debian (hack/install-deps.sh).
-#   hack/realcluster.sh             build what is missing, print the directory
-#   hack/realcluster.sh containerd  build only containerd's binaries
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/k8smodule.sh
@@ -33,6 +31,12 @@ have() {
   local f
   for f in "$@"; do [ -x "$BIN_DIR/$f" ] || return 1; done
 }
+
+ALL=("${K8S_CMDS[@]}" "${CONTAINERD_CMDS[@]}" kube-proxy kube-apiserver etcd kubectl)
+if have "${ALL[@]}"; then
+  echo "$BIN_DIR"
+  exit 0
+fi
 
 command -v go >/dev/null || { log "go is required"; exit 1; }
 mkdir -p "$BIN_DIR"
@@ -84,12 +88,11 @@ build_kubernetes() {
 link() { ln -sfn "$2" "$BIN_DIR/$1"; }
 
 have "${CONTAINERD_CMDS[@]}" || build_containerd
-[ "${1:-all}" = containerd ] && { echo "$BIN_DIR"; exit 0; }
 have "${K8S_CMDS[@]}" || build_kubernetes
 have kube-proxy || link kube-proxy "$(K8S_VERSION="$K8S_VERSION" hack/kube-proxy.sh)"
 if ! have kube-apiserver etcd kubectl; then
   assets="$(K8S_VERSION="$K8S_VERSION" hack/controlplane.sh)"
   for cmd in kube-apiserver etcd kubectl; do link "$cmd" "$assets/$cmd"; done
 fi
-have "${K8S_CMDS[@]}" "${CONTAINERD_CMDS[@]}" kube-proxy kube-apiserver etcd kubectl || { log "build incomplete in $BIN_DIR"; exit 1; }
+have "${ALL[@]}" || { log "build incomplete in $BIN_DIR"; exit 1; }
 echo "$BIN_DIR"

@@ -4,12 +4,15 @@
 package nodeagent
 
 // The agent's permissions, rendered into config/rbac/agent by
-// `make manifests`. It reads Services, EndpointSlices, Nodes and its
-// ProxyNode, and writes only its ProxyNode's status.
+// `make manifests`; config/rbac/README.md says what uses each verb. It
+// lists and watches Services, EndpointSlices, its Node and its ProxyNode
+// (informers; no get), patches ProxyNode status (the API server's
+// admission policy in config/policy limits that to its own node's), and
+// records Events (events.k8s.io) on Services whose external address it
+// refuses.
 //
-// +kubebuilder:rbac:groups="",resources=services;nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=services;nodes,verbs=list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=list;watch
+// +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes/status,verbs=patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch

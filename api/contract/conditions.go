@@ -32,6 +32,14 @@ const (
 	ReasonSyncFailed = "SyncFailed"
 	// ReasonNoMode: no mode is desired and none is programmed.
 	ReasonNoMode = "NoModeDesired"
+	// ReasonNotSynced: the agent's informers have not synced (the API
+	// server is unreachable, or denies the agent its lists); the kernel
+	// keeps the rules it holds until they do.
+	ReasonNotSynced = "InformersNotSynced"
+	// ReasonSettingsUnresolved: the spec's settings do not resolve on
+	// this node (nodePortAddresses: primary and the Node has no InternalIP
+	// yet, say); the agent keeps the rules it runs with until they do.
+	ReasonSettingsUnresolved = "SettingsUnresolved"
 	// ReasonAsExpected: nothing is wrong.
 	ReasonAsExpected = "AsExpected"
 

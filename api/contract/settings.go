@@ -47,11 +47,11 @@ func Interpret(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings) (Setti
 		return s, nil
 	}
 	for _, c := range settings.ClusterCIDRs {
-		p, err := netip.ParsePrefix(string(c))
+		p, err := c.Parse()
 		if err != nil {
-			return Settings{}, fmt.Errorf("spec.settings.clusterCIDRs: %q is not a CIDR", c)
+			return Settings{}, fmt.Errorf("spec.settings.clusterCIDRs: %w", err)
 		}
-		s.ClusterCIDRs = append(s.ClusterCIDRs, p.Masked())
+		s.ClusterCIDRs = append(s.ClusterCIDRs, p)
 	}
 	for _, a := range settings.NodePortAddresses {
 		s.NodePortAddresses = append(s.NodePortAddresses, string(a))
@@ -144,11 +144,11 @@ func IPVSOptions(s *v1alpha1.IPVSSettings) (IPVS, error) {
 		*d.into = v
 	}
 	for _, c := range s.ExcludeCIDRs {
-		p, err := netip.ParsePrefix(string(c))
+		p, err := c.Parse()
 		if err != nil {
 			return IPVS{}, fmt.Errorf("ipvs: excludeCIDRs: %w", err)
 		}
-		o.ExcludeCIDRs = append(o.ExcludeCIDRs, p.Masked())
+		o.ExcludeCIDRs = append(o.ExcludeCIDRs, p)
 	}
 	return o, nil
 }

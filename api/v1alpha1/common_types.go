@@ -1,6 +1,10 @@
 package v1alpha1
 
-import "time"
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
 
 // ProxyMode is a service-proxy dataplane.
 // +kubebuilder:validation:Enum=iptables;nftables;ipvs
@@ -31,13 +35,30 @@ func (d Duration) Parse(def time.Duration) (time.Duration, error) {
 
 // CIDR is an IPv4 or IPv6 network in CIDR notation, such as 198.18.0.0/15.
 // +kubebuilder:validation:MaxLength=64
-// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 or fd00::/64"
+// The API server's isCIDR refuses IPv4-mapped IPv6 networks, as Parse
+// does.
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 or fd00::/64 (not an IPv4-mapped IPv6 network such as ::ffff:10.0.0.0/104: write the IPv4 form)"
 type CIDR string
+
+// Parse returns the network with its host bits cleared. It refuses what
+// is not a CIDR and IPv4-mapped IPv6 networks (::ffff:10.0.0.0/104 means
+// 10.0.0.0/8 in one family and nothing a dataplane can program in the
+// other: write the IPv4 form).
+func (c CIDR) Parse() (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(string(c))
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR such as 198.18.0.0/15 or fd00::/64", string(c))
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped IPv6 network: write it as an IPv4 CIDR", string(c))
+	}
+	return p.Masked(), nil
+}
 
 // NodePortAddress selects the node addresses NodePorts answer on: a CIDR,
 // or "primary" for the node's primary addresses (one per IP family).
 // +kubebuilder:validation:MaxLength=64
-// +kubebuilder:validation:XValidation:rule="self == 'primary' || isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15, or the word primary"
+// +kubebuilder:validation:XValidation:rule="self == 'primary' || isCIDR(self)",message="must be a CIDR such as 198.18.0.0/15 (not an IPv4-mapped IPv6 network such as ::ffff:198.18.0.0/111: write the IPv4 form), or the word primary"
 type NodePortAddress string
 
 // NodePortAddressPrimary selects the node's primary addresses.

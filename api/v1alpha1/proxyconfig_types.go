@@ -15,11 +15,11 @@ type ProxyConfigSpec struct {
 	// +required
 	Mode ProxyMode `json:"mode"`
 
-	// NodeSelector selects the nodes this config manages. Empty selects
-	// every node. A node selected by two ProxyConfigs is reported as a
-	// conflict and left alone.
+	// NodeSelector selects the nodes this config manages, written as a
+	// label selector. Empty selects every node. A node selected by two
+	// ProxyConfigs is reported as a conflict and left alone.
 	// +optional
-	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	NodeSelector *NodeSelector `json:"nodeSelector,omitempty"`
 
 	ProxySettings `json:",inline"`
 

@@ -11,7 +11,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -112,11 +111,14 @@ func run(kubeconfig string, followProxyNode bool, opts agent.Options, clusterCID
 		return fmt.Errorf("--test-stop-at-phase must be Preparing, Programming, Verifying or CleaningUp, got %q", opts.TestStopAtPhase)
 	}
 	for _, s := range splitList(clusterCIDRs) {
-		p, err := netip.ParsePrefix(s)
+		p, err := v1alpha1.CIDR(s).Parse()
 		if err != nil {
-			return fmt.Errorf("--cluster-cidr: %q is not a CIDR", s)
+			return fmt.Errorf("--cluster-cidr: %w", err)
 		}
-		opts.ClusterCIDRs = append(opts.ClusterCIDRs, p.Masked())
+		opts.ClusterCIDRs = append(opts.ClusterCIDRs, p)
+	}
+	if err := agent.ValidNodePortAddresses(opts.NodePortAddresses); err != nil {
+		return fmt.Errorf("--nodeport-addresses: %w", err)
 	}
 	var cfg *rest.Config
 	var err error

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"flag"
 	"os"
 
@@ -15,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	proxyv1alpha1 "github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -24,12 +26,16 @@ import (
 func main() {
 	var (
 		metricsAddr   string
+		metricsSecure bool
+		metricsCerts  string
 		probeAddr     string
 		leaderElect   bool
 		leaderElectNS string
 		leaderElectID string
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated callers only: a bearer token the API server accepts (TokenReview) whose owner may get the /metrics URL (SubjectAccessReview; see the proxyshift-metrics-reader ClusterRole). false serves plain HTTP to anyone.")
+	flag.StringVar(&metricsCerts, "metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint; empty uses a self-signed certificate.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
 	flag.BoolVar(&leaderElect, "leader-elect", true, "Elect a leader so only one operator replica acts at a time.")
 	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace in-cluster.")
@@ -49,9 +55,18 @@ func main() {
 		log.Error(err, "no Kubernetes client configuration: set --kubeconfig or KUBECONFIG, or run in a cluster")
 		os.Exit(1)
 	}
+	metrics := metricsserver.Options{BindAddress: metricsAddr}
+	if metricsSecure {
+		metrics.SecureServing = true
+		metrics.CertDir = metricsCerts
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		// HTTP/1.1 only: HTTP/2's stream resets (CVE-2023-44487) are
+		// not worth having on a metrics endpoint.
+		metrics.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                       metrics,
 		HealthProbeBindAddress:        probeAddr,
 		LeaderElection:                leaderElect,
 		LeaderElectionID:              leaderElectID,

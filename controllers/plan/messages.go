@@ -82,14 +82,6 @@ func names(ns []*nodeState, max int) string {
 	return strings.Join(out, ", ")
 }
 
-// truncate cuts s to n bytes, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
-}
-
 func equalTimes(a, b *metav1.Time) bool {
 	if a == nil || b == nil {
 		return a == b

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -17,10 +16,7 @@ import (
 // Selector returns a ProxyConfig's node selector; nil or empty selects
 // every node.
 func Selector(cfg *v1alpha1.ProxyConfig) (labels.Selector, error) {
-	if cfg.Spec.NodeSelector == nil {
-		return labels.Everything(), nil
-	}
-	return metav1.LabelSelectorAsSelector(cfg.Spec.NodeSelector)
+	return cfg.Spec.NodeSelector.Selector()
 }
 
 // RolloutID names a rollout on the ProxyNodes it moves.

@@ -3,7 +3,6 @@ package plan
 import (
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -36,7 +35,7 @@ func TestMaxUnavailable(t *testing.T) {
 func TestInvalidSpec(t *testing.T) {
 	for name, mut := range map[string]func(*v1alpha1.ProxyConfig){
 		"selector": func(c *v1alpha1.ProxyConfig) {
-			c.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "In"}}}
+			c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{{Key: "a", Operator: "In"}}}
 		},
 		"maxUnavailable": func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.MaxUnavailable = ptr.To(intstr.FromString("lots")) },
 		"timeout":        func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "soon" },

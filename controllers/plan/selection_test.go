@@ -68,26 +68,26 @@ func TestPreflightWaitsForAgentsThenTimesOut(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
-	s := newSim(t, 0, v1alpha1.ModeNFTables, selector(map[string]string{"pool": "a"}))
+	s := newSim(t, 0, v1alpha1.ModeNFTables, selector(map[string]v1alpha1.LabelValue{"pool": "a"}))
 	for i := 0; i < 4; i++ {
 		s.addNode(fmt.Sprintf("a-%d", i), map[string]string{"pool": "a"})
 		s.addNode(fmt.Sprintf("b-%d", i), map[string]string{"pool": "b"})
 	}
 	s.addNode("both", map[string]string{"pool": "a", "edge": "yes"})
 	s.addConfig("edge", v1alpha1.ModeIPVS, func(c *v1alpha1.ProxyConfig) {
-		c.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-			{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"b"}}}}
+		c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+			{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
 	}, func(c *v1alpha1.ProxyConfig) {
 		c.Spec.NodeSelector.MatchExpressions = nil
-		c.Spec.NodeSelector.MatchLabels = map[string]string{"edge": "yes"}
+		c.Spec.NodeSelector.MatchLabels = map[string]v1alpha1.LabelValue{"edge": "yes"}
 	})
-	s.cfg("edge").Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"b"}}}}
+	s.cfg("edge").Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
 	// edge selects pool=b or edge=yes? A selector is an AND, so use two
 	// matchExpressions-free configs: "edge" selects pool in (b) plus the
 	// node "both" via a second label.
-	s.cfg("edge").Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []string{"b"}}}}
+	s.cfg("edge").Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
 	for i := range s.nodes {
 		if strings.HasPrefix(s.nodes[i].Name, "b-") || s.nodes[i].Name == "both" {
 			s.nodes[i].Labels["side"] = "b"
@@ -140,7 +140,7 @@ func TestConflict(t *testing.T) {
 }
 
 func TestNoNodesSelected(t *testing.T) {
-	s := newSim(t, 3, v1alpha1.ModeNFTables, selector(map[string]string{"pool": "nope"}))
+	s := newSim(t, 3, v1alpha1.ModeNFTables, selector(map[string]v1alpha1.LabelValue{"pool": "nope"}))
 	s.steps(2)
 	st := s.cfg("pc").Status
 	if st.Phase != v1alpha1.RolloutPending || st.Nodes.Summary != "0/0" || st.Selector != "pool=nope" {

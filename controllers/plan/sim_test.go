@@ -377,8 +377,8 @@ func autoRollback(b bool) func(*v1alpha1.ProxyConfig) {
 	return func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.AutoRollback = ptr.To(b) }
 }
 
-func selector(lbl map[string]string) func(*v1alpha1.ProxyConfig) {
-	return func(c *v1alpha1.ProxyConfig) { c.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: lbl} }
+func selector(lbl map[string]v1alpha1.LabelValue) func(*v1alpha1.ProxyConfig) {
+	return func(c *v1alpha1.ProxyConfig) { c.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: lbl} }
 }
 
 // steps advances the world n steps (and the clock), whatever happens.

@@ -10,7 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 )
+
+// maxFailedReason bounds each status.failedNodes reason (an agent's
+// message): twenty of them stay a small status.
+const maxFailedReason = 512
 
 // progressingTrue are the stages in which nodes are being moved.
 var progressingTrue = map[string]bool{
@@ -62,7 +67,7 @@ func (p *pass) finish(o outcome) Result {
 		if i == v1alpha1.MaxFailedNodes {
 			break
 		}
-		st.FailedNodes = append(st.FailedNodes, v1alpha1.FailedNode{Name: name, Reason: o.failed[name].reason})
+		st.FailedNodes = append(st.FailedNodes, v1alpha1.FailedNode{Name: name, Reason: text.Cut(o.failed[name].reason, maxFailedReason)})
 	}
 	res.Events = append(res.Events, p.nodeFailedEvents(failedNames, o.failed)...)
 
@@ -99,7 +104,7 @@ func (p *pass) finish(o outcome) Result {
 	}
 	for _, c := range []metav1.Condition{ready, prog, deg} {
 		c.ObservedGeneration = p.cfg.Generation
-		c.Message = truncate(c.Message, 2048)
+		c.Message = text.Cut(c.Message, text.MaxMessage)
 		c.LastTransitionTime = p.nowT
 		if old := meta.FindStatusCondition(p.prev.Conditions, c.Type); old != nil && old.Status == c.Status {
 			c.LastTransitionTime = old.LastTransitionTime

@@ -13,17 +13,15 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"log"
 	"net/netip"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/proxyshift/proxyshift/test/cluster"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/realcluster"
 )
 
@@ -46,16 +44,8 @@ func main() {
 
 	// Ctrl-C or SIGTERM ends a bring-up or the wait; later ones are
 	// ignored so the teardown always finishes.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		s := <-sigs
-		log.Printf("%v: tearing the cluster down (further signals are ignored)", s)
-		cancel()
-		for range sigs {
-		}
-	}()
+	ctx, cancel := harness.InterruptContext()
+	defer cancel()
 
 	c, err := realcluster.Start(ctx, realcluster.Options{
 		Nodes:        *nodes,

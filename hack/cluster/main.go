@@ -11,17 +11,14 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -29,6 +26,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/test/cluster"
+	"github.com/proxyshift/proxyshift/test/harness"
 )
 
 func main() {
@@ -55,16 +53,8 @@ func main() {
 
 	// Ctrl-C or SIGTERM ends a bring-up or the wait; later ones are
 	// ignored so the teardown always finishes.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		s := <-sigs
-		log.Printf("%v: tearing the cluster down (further signals are ignored)", s)
-		cancel()
-		for range sigs {
-		}
-	}()
+	ctx, cancel := harness.InterruptContext()
+	defer cancel()
 
 	opts := cluster.Options{
 		Nodes:        *nodes,

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -86,6 +85,10 @@ type Options struct {
 	// is programmed and verified: set it only on nodes taken over from
 	// kube-proxy, after kube-proxy stopped there.
 	AdoptKubeProxy bool
+	// SyncGrace is how long the informers' first list may take before
+	// the agent reports itself Degraded (default 15s); it waits for them
+	// however long it takes.
+	SyncGrace time.Duration
 	// FactsInterval is how often kernel facts are gathered again
 	// (default 1m).
 	FactsInterval time.Duration
@@ -100,7 +103,11 @@ type Options struct {
 }
 
 // Run starts the agent and blocks until ctx ends or startup fails. It never
-// removes programmed rules on its way out: the kernel keeps serving.
+// removes programmed rules on its way out: the kernel keeps serving. Only a
+// wrong configuration (no node name, an unsupported mode) or a kernel it
+// cannot read makes it return early; the API server being away, or the
+// spec's settings not resolving on this node yet, make it wait (see
+// startup.go).
 func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.NodeName == "" {
 		return errors.New("the node name is not set: pass --node-name or set NODE_NAME")
@@ -110,19 +117,43 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	}
 	ns := opts.NetNS
 
+	// Health and metrics first: /livez answers while the rest starts.
+	healthTimeout := 2 * opts.SyncPeriod
+	if healthTimeout < time.Minute {
+		healthTimeout = time.Minute
+	}
+	hs := &health{timeout: healthTimeout}
+	hs.wait("informers starting")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.HealthzAddr != "" {
+		go serve(ctx, &http.Server{Addr: opts.HealthzAddr, Handler: hs.mux(), ReadHeaderTimeout: 5 * time.Second})
+	}
+	if opts.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		go serve(ctx, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
+	}
+
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
 	}))
-	tracker := model.NewTracker(opts.NodeName, func(err error) {
-		klog.ErrorS(err, "Skipped a malformed part of a Service or EndpointSlice; the rest is programmed")
-	})
+	refusals := newRefusalReporter(ctx, client, factory.Core().V1().Services().Lister(), opts.NodeName)
+	tracker := model.NewTracker(opts.NodeName, refusals.report)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "proxyshift_refused_external_addresses",
+		Help: "External addresses (externalIPs, load-balancer IPs) of Services not routed because another Service's cluster IP, the node, or an earlier Service owns them.",
+	}, func() float64 { return float64(tracker.Refused()) }))
 	if err := wireTracker(factory, tracker); err != nil {
 		return err
 	}
+	a := &agentState{opts: opts, ns: ns, tracker: tracker, kick: make(chan struct{}, 1)}
 	nodeInformer := nodeFactory.Core().V1().Nodes()
-	nodeLister := nodeInformer.Lister()
-	nodeInformer.Informer() // register before Start
+	a.nodeLister = nodeInformer.Lister()
+	if _, err := nodeInformer.Informer().AddEventHandler(a.handler()); err != nil {
+		return err
+	}
 
 	var pnClient *report.Client
 	var pnInformer cache.SharedIndexInformer
@@ -132,35 +163,41 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 			return err
 		}
 		pnInformer = cache.NewSharedIndexInformer(pnClient.ListWatch(opts.NodeName), &v1alpha1.ProxyNode{}, 0, cache.Indexers{})
+		a.pnStore = pnInformer.GetStore()
+		if _, err := pnInformer.AddEventHandler(a.handler()); err != nil {
+			return err
+		}
 	}
 	reporter := report.New(pnClient, opts.NodeName)
 	if opts.StatusSyncInterval > 0 {
 		reporter.SyncEvery = opts.StatusSyncInterval
 	}
-	startPN := reporter.Start(ctx)
+	go reporter.Run(ctx)
 
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
+	waitFor := []informer{
+		{"Services", factory.Core().V1().Services().Informer().HasSynced},
+		{"EndpointSlices", factory.Discovery().V1().EndpointSlices().Informer().HasSynced},
+		{"its Node", nodeInformer.Informer().HasSynced},
+	}
 	if pnInformer != nil {
 		go pnInformer.Run(ctx.Done())
+		waitFor = append(waitFor, informer{"its ProxyNode", pnInformer.HasSynced})
 	}
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("informer cache for %v did not sync", typ)
-		}
+	grace := opts.SyncGrace
+	if grace <= 0 {
+		grace = 15 * time.Second
 	}
-	nodeFactory.WaitForCacheSync(ctx.Done())
-	if pnInformer != nil && !cache.WaitForCacheSync(ctx.Done(), pnInformer.HasSynced) {
-		return errors.New("informer cache for ProxyNodes did not sync")
+	if !waitSynced(ctx, reporter, hs, grace, waitFor...) {
+		return nil
 	}
 
-	a := &agentState{opts: opts, ns: ns, nodeLister: nodeLister}
-	if pnInformer != nil {
-		a.pnStore = pnInformer.GetStore()
-	}
 	// A switch that failed for the ProxyNode's current generation, as the
 	// previous agent reported it, is not retried until the spec changes;
 	// one that was interrupted is finished.
+	startPN := a.proxyNode()
+	reporter.Seed(startPN)
 	if startPN != nil {
 		st := startPN.Status
 		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
@@ -169,8 +206,8 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		}
 		a.resume = switcher.Switching(st.Phase)
 	}
-	if err := a.resolve(); err != nil {
-		return err
+	if !a.resolveFirst(ctx, reporter, hs) {
+		return nil
 	}
 
 	fanout := switcher.NewFanout()
@@ -210,8 +247,6 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		return fmt.Errorf("read what the kernel holds: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := syncloop.NewMetrics(reg)
 	reg.MustRegister(phases.phase)
 	regather := newServingWatch()
@@ -224,49 +259,10 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	loops.start(ctx, a.current().sync)
 	defer loops.stop()
 	a.loops = loops
+	hs.started(loops)
 
-	if pnInformer != nil {
-		if _, err := pnInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { a.onChange(ctx) },
-			UpdateFunc: func(_, _ any) { a.onChange(ctx) },
-			DeleteFunc: func(any) { a.onChange(ctx) },
-		}); err != nil {
-			return err
-		}
-	}
-	go reporter.Run(ctx)
+	go a.follow(ctx, reporter)
 	go gatherFacts(ctx, gatherer, reporter, opts.FactsInterval, regather.kick)
-
-	healthTimeout := 2 * opts.SyncPeriod
-	if healthTimeout < time.Minute {
-		healthTimeout = time.Minute
-	}
-	servers := []*http.Server{}
-	if opts.HealthzAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if err := loops.healthy(healthTimeout); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ok\n"))
-		})
-		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		servers = append(servers, &http.Server{Addr: opts.HealthzAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
-	}
-	if opts.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		servers = append(servers, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
-	}
-	for _, srv := range servers {
-		l, err := net.Listen("tcp", srv.Addr)
-		if err != nil {
-			return fmt.Errorf("listen on %s: %w", srv.Addr, err)
-		}
-		go func() { _ = srv.Serve(l) }()
-		defer srv.Close()
-	}
 
 	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "desired", a.current().desire.Mode, "nodePortIPs", a.current().cfg.NodeIPs, "followsProxyNode", pnInformer != nil)
 	return sw.Run(ctx, st, step)

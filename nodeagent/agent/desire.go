@@ -16,7 +16,9 @@ import (
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/nodeagent/report"
 	"github.com/proxyshift/proxyshift/nodeagent/switcher"
 	"github.com/proxyshift/proxyshift/nodeagent/syncloop"
 )
@@ -28,8 +30,11 @@ type agentState struct {
 	ns         nsexec.NS
 	nodeLister corelisters.NodeLister
 	pnStore    cache.Store
+	tracker    *model.Tracker
 	sw         *switcher.Switcher
 	loops      *loopRunner
+	// kick receives when the Node or the ProxyNode changed.
+	kick chan struct{}
 
 	// held and heldGen: the previous agent reported the switch of this
 	// generation failed.
@@ -108,6 +113,7 @@ func (a *agentState) resolve() error {
 		return fmt.Errorf("list the node's addresses: %w", err)
 	}
 	nodeIPs, err := NodePortIPs(npa, node, local)
+	a.tracker.SetNodeAddrs(OwnAddrs(node, nodeIPs))
 	if err != nil {
 		return err
 	}
@@ -142,12 +148,72 @@ func (a *agentState) resolve() error {
 	return nil
 }
 
-// onChange follows a ProxyNode change.
-func (a *agentState) onChange(ctx context.Context) {
+// handler kicks the agent to follow a change of its Node or ProxyNode.
+func (a *agentState) handler() cache.ResourceEventHandler {
+	kick := func() {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { kick() },
+		UpdateFunc: func(_, _ any) { kick() },
+		DeleteFunc: func(any) { kick() },
+	}
+}
+
+// resolveFirst resolves the desire the agent starts with, waiting for a
+// Node or ProxyNode change (or retrying every 10 seconds) while it does
+// not resolve: the kernel keeps its rules meanwhile, and the agent says
+// why it waits (Degraded, /healthz). It returns false when ctx ends first.
+func (a *agentState) resolveFirst(ctx context.Context, r *report.Reporter, h *health) bool {
+	for {
+		err := a.resolve()
+		if err == nil {
+			r.SetProblem("", "")
+			return true
+		}
+		klog.ErrorS(err, "Cannot resolve this node's settings; the rules the kernel holds keep serving until they resolve")
+		r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the rules the kernel holds keep serving until they resolve")
+		h.wait("settings that resolve on this node (" + err.Error() + ")")
+		select {
+		case <-ctx.Done():
+			return false
+		case <-a.kick:
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// follow applies every Node and ProxyNode change until ctx ends. A spec
+// that does not resolve keeps the current one, is reported Degraded and
+// retried every 10 seconds until it resolves or changes.
+func (a *agentState) follow(ctx context.Context, r *report.Reporter) {
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		case <-retry:
+		}
+		retry = nil
+		if err := a.onChange(ctx); err != nil {
+			klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
+			r.SetProblem(contract.ReasonSettingsUnresolved, err.Error()+"; the agent keeps running with the settings it had")
+			retry = time.After(10 * time.Second)
+			continue
+		}
+		r.SetProblem("", "")
+	}
+}
+
+// onChange follows a Node or ProxyNode change.
+func (a *agentState) onChange(ctx context.Context) error {
 	prev := a.current()
 	if err := a.resolve(); err != nil {
-		klog.ErrorS(err, "Cannot follow the ProxyNode's spec; keeping the current one")
-		return
+		return err
 	}
 	cur := a.current()
 	if cur.sync != prev.sync && a.loops != nil {
@@ -156,6 +222,7 @@ func (a *agentState) onChange(ctx context.Context) {
 	if a.sw != nil {
 		a.sw.SetDesire(cur.desire)
 	}
+	return nil
 }
 
 // backend builds mode's backend with the current settings.

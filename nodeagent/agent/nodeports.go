@@ -41,13 +41,9 @@ func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.
 		}
 		return ips, nil
 	}
-	var cidrs []netip.Prefix
-	for _, s := range spec {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("nodePortAddresses entry %q is neither a CIDR nor %q", s, v1alpha1.NodePortAddressPrimary)
-		}
-		cidrs = append(cidrs, p.Masked())
+	cidrs, err := nodePortCIDRs(spec)
+	if err != nil {
+		return nil, err
 	}
 	var ips []netip.Addr
 	for _, ip := range local {
@@ -60,4 +56,47 @@ func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.
 	}
 	slices.SortFunc(ips, netip.Addr.Compare)
 	return ips, nil
+}
+
+// ValidNodePortAddresses checks nodePortAddresses as given to the agent's
+// flag: empty, the single word primary, or CIDRs.
+func ValidNodePortAddresses(spec []string) error {
+	if len(spec) == 1 && spec[0] == string(v1alpha1.NodePortAddressPrimary) {
+		return nil
+	}
+	_, err := nodePortCIDRs(spec)
+	return err
+}
+
+// nodePortCIDRs parses nodePortAddresses that are not "primary".
+func nodePortCIDRs(spec []string) ([]netip.Prefix, error) {
+	var cidrs []netip.Prefix
+	for _, s := range spec {
+		p, err := v1alpha1.CIDR(s).Parse()
+		if err != nil {
+			return nil, fmt.Errorf("nodePortAddresses entry: %w (or %q alone)", err, v1alpha1.NodePortAddressPrimary)
+		}
+		cidrs = append(cidrs, p)
+	}
+	return cidrs, nil
+}
+
+// OwnAddrs are the addresses no Service may take as an external address
+// on this node (see model.Refusal): the Node's InternalIPs and
+// ExternalIPs, and the addresses NodePorts answer on. Other local
+// addresses are left out on purpose: a load-balancer VIP that a component
+// such as kube-vip puts on an interface is the Service's, not the node's.
+func OwnAddrs(node *corev1.Node, nodePortIPs []netip.Addr) []netip.Addr {
+	out := slices.Clone(nodePortIPs)
+	if node != nil {
+		for _, a := range node.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
 }

@@ -33,7 +33,7 @@ func TestNodePortIPs(t *testing.T) {
 		{"CIDRs select local addresses", []string{"198.18.0.0/24", "fd00::/64"}, nil, []string{"198.18.0.1", "fd00::1"}, ""},
 		{"CIDR with host bits", []string{"198.18.1.7/24"}, nil, []string{"198.18.1.1"}, ""},
 		{"no local address in the CIDRs", []string{"198.19.0.0/16"}, nil, nil, "no local address lies in"},
-		{"garbage", []string{"eth0"}, nil, nil, `"eth0" is neither a CIDR`},
+		{"garbage", []string{"eth0"}, nil, nil, `"eth0" is not a CIDR`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -46,6 +46,13 @@ type Frontends struct {
 
 // Build collects the UDP frontends of one IP family of snap. nodeIPs are
 // the addresses NodePorts answer on.
+//
+// A frontend belongs to one service port: the model's address claims
+// (see model.Refusal) leave every external address another Service or the
+// node owns out of the snapshot, so no two ports of it share an address
+// and port. Should a snapshot not built by a model.Tracker hold such a
+// pair anyway, the first port in name order keeps the frontend, never the
+// one map order happens to visit last.
 func Build(snap *model.Snapshot, family corev1.IPFamily, nodeIPs []netip.Addr) *Frontends {
 	f := &Frontends{
 		addrs:     map[netip.AddrPort]map[netip.Addr]bool{},
@@ -58,7 +65,9 @@ func Build(snap *model.Snapshot, family corev1.IPFamily, nodeIPs []netip.Addr) *
 	if snap == nil {
 		return f
 	}
-	for _, sp := range snap.Ports[family] {
+	ports := snap.Ports[family]
+	for _, name := range model.SortedNames(ports) {
+		sp := ports[name]
 		if sp.Protocol != corev1.ProtocolUDP {
 			continue
 		}
@@ -76,10 +85,12 @@ func Build(snap *model.Snapshot, family corev1.IPFamily, nodeIPs []netip.Addr) *
 		addrs = append(addrs, sp.ExternalIPs...)
 		addrs = append(addrs, sp.LoadBalancerIPs...)
 		for _, a := range addrs {
-			f.addrs[netip.AddrPortFrom(a.Unmap(), port)] = serving
+			if key := netip.AddrPortFrom(a.Unmap(), port); f.addrs[key] == nil {
+				f.addrs[key] = serving
+			}
 		}
-		if sp.NodePort != 0 {
-			f.nodePorts[uint16(sp.NodePort)] = serving
+		if np := uint16(sp.NodePort); np != 0 && f.nodePorts[np] == nil {
+			f.nodePorts[np] = serving
 		}
 	}
 	return f

@@ -6,6 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
@@ -58,5 +60,47 @@ func TestStale(t *testing.T) {
 	}
 	if !HasUDPChange(model.ChangeSet{dns.Name: {}}, false) || HasUDPChange(model.ChangeSet{web.Name: {}}, false) || !HasUDPChange(nil, true) {
 		t.Error("HasUDPChange")
+	}
+}
+
+// TestFrontendsFollowClaims checks that a Service naming the cluster DNS
+// address as its externalIP cannot make the DNS flows look stale: the
+// model's claims keep the address the DNS Service's, and the frontend is
+// built from it on every build (a map-order choice would lose half the
+// time).
+func TestFrontendsFollowClaims(t *testing.T) {
+	tr := model.NewTracker("node-a", nil)
+	udp := []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}
+	svc := func(ns, name, ip string, ext ...string) *corev1.Service {
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Ports: udp, ExternalIPs: ext},
+		}
+	}
+	slice := func(ns, svc, ip string) *discoveryv1.EndpointSlice {
+		name, port, proto := "dns", int32(53), corev1.ProtocolUDP
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}}},
+			Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
+		}
+	}
+	tr.OnServiceAdd(svc("kube-system", "dns", "10.96.0.10"))
+	tr.OnEndpointSliceAdd(slice("kube-system", "dns", "10.1.0.2"))
+	tr.OnServiceAdd(svc("a", "evil", "10.96.0.66", "10.96.0.10"))
+	tr.OnEndpointSliceAdd(slice("a", "evil", "10.1.0.66"))
+	snap, _ := tr.Snapshot()
+
+	dnsFlow := Flow{Protocol: unix.IPPROTO_UDP, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), ReplySrc: netip.MustParseAddr("10.1.0.2")}
+	hijacked := Flow{Protocol: unix.IPPROTO_UDP, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), ReplySrc: netip.MustParseAddr("10.1.0.66")}
+	for i := range 50 {
+		f := Build(snap, corev1.IPv4Protocol, nil)
+		if f.Stale(dnsFlow) {
+			t.Fatalf("build %d: a DNS flow to its own endpoint counts as stale", i)
+		}
+		if !f.Stale(hijacked) {
+			t.Fatalf("build %d: a flow from the DNS address to the other Service's pod is not stale", i)
+		}
 	}
 }

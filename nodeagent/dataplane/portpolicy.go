@@ -71,8 +71,8 @@ func NewNodePolicy(cfg NodeConfig, family corev1.IPFamily) NodePolicy {
 
 	var ps []netip.Prefix
 	for _, p := range cfg.ClusterCIDRs {
-		if p.IsValid() && n.InFamily(p.Addr()) {
-			ps = append(ps, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+		if p, ok := model.UnmapPrefix(p); ok && n.InFamily(p.Addr()) {
+			ps = append(ps, p)
 		}
 	}
 	slices.SortFunc(ps, func(a, b netip.Prefix) int {
@@ -331,7 +331,7 @@ func (n *NodePolicy) firewall(sp *model.ServicePort) *Firewall {
 		}
 	}
 	for _, r := range sp.LoadBalancerSourceRanges {
-		if r.IsValid() && n.InFamily(r.Addr()) {
+		if r, ok := model.UnmapPrefix(r); ok && n.InFamily(r.Addr()) {
 			fw.SourceRanges = append(fw.SourceRanges, r)
 			fw.AllowIPs = fw.AllowIPs || slices.ContainsFunc(n.NodePortIPs, r.Contains)
 		}

@@ -47,6 +47,17 @@ func TestNewNodePolicy(t *testing.T) {
 			want: NodePolicy{Family: corev1.IPv4Protocol, NodePortsAnyLocal: true, Loopback: p("127.0.0.0/8"),
 				ClusterCIDRs: []netip.Prefix{p("10.244.0.0/16"), p("10.245.0.0/16")}, MasqueradeAll: true, MasqueradeMark: 0x4000},
 		},
+		{
+			// Agents refuse such CIDRs at every entry; should one get
+			// here all the same, it means its IPv4 network (or nothing,
+			// when it reaches outside ::ffff:0:0/96), never a prefix
+			// longer than the family's addresses, which renders as garbage
+			// or panics.
+			name: "IPv4-mapped cluster CIDRs read as IPv4",
+			cfg:  NodeConfig{ClusterCIDRs: []netip.Prefix{p("::ffff:10.0.0.0/104"), p("::ffff:0:0/95"), p("::ffff:198.18.0.0/112")}},
+			want: NodePolicy{Family: corev1.IPv4Protocol, NodePortsAnyLocal: true, Loopback: p("127.0.0.0/8"),
+				ClusterCIDRs: []netip.Prefix{p("10.0.0.0/8"), p("198.18.0.0/16")}, MasqueradeMark: 1},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fam := tc.family

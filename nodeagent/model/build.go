@@ -441,7 +441,7 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 		return netip.PrefixFrom(ip, ip.BitLen()), ok
 	}
 	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), true
+		return UnmapPrefix(p)
 	}
 	_, n, err := netutils.ParseCIDRSloppy(s)
 	if err != nil {
@@ -449,7 +449,26 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 	}
 	ip, _ := netip.AddrFromSlice(n.IP)
 	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(ip, ones), true
+	return UnmapPrefix(netip.PrefixFrom(ip, ones))
+}
+
+// UnmapPrefix returns p masked, with an IPv4-mapped IPv6 network
+// (::ffff:10.0.0.0/104) turned into the IPv4 network it stands for
+// (10.0.0.0/8), as parseIP reads mapped addresses. It says false for an
+// invalid p and for a mapped network reaching outside ::ffff:0:0/96,
+// which is no IPv4 network and would be a prefix longer than its
+// addresses once unmapped.
+func UnmapPrefix(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() {
+		return netip.Prefix{}, false
+	}
+	if !p.Addr().Is4In6() {
+		return p.Masked(), true
+	}
+	if p.Bits() < 96 {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked(), true
 }
 
 func validProtocol(p corev1.Protocol) bool {

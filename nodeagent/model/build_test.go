@@ -331,6 +331,7 @@ func TestBuildSessionAffinityAndRanges(t *testing.T) {
 		{"config without ClientIP affinity", service(timeout(60), func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityNone }), 0, []string{""}},
 		{"ranges split by family", service(dualStack, ranges("2001:db8::/64", "10.0.0.0/8", "fd00::5")), 0, []string{"10.0.0.0/8", "2001:db8::/64,fd00::5/128"}},
 		{"host bits masked", service(ranges("10.1.2.3/16")), 0, []string{"10.1.0.0/16"}},
+		{"IPv4-mapped ranges read as IPv4", service(dualStack, ranges("::ffff:10.0.0.0/104", "::ffff:192.168.1.1")), 0, []string{"10.0.0.0/8,192.168.1.1/32", ""}},
 		{"zero range allows all of its family", service(dualStack, ranges("10.0.0.0/8", "0.0.0.0/0", "2001:db8::/64")), 0, []string{"", "2001:db8::/64"}},
 	}
 	for _, tt := range tests {
@@ -418,13 +419,14 @@ func TestBuildMalformed(t *testing.T) {
 		name: "bad external, load-balancer and source-range addresses",
 		svc: service(func(s *corev1.Service) {
 			s.Spec.ExternalIPs = []string{"198.18.0.1", "198.18.0"}
-			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33", "10.0.0.0/8"}
+			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33", "10.0.0.0/8", "::ffff:0:0/95"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "lb"}, {IP: "198.18.1.1"}}
 		}),
 		wantErrs: []string{
 			`spec.externalIPs[1] "198.18.0": not an IP address`,
 			`status.loadBalancer.ingress[0].ip "lb": not an IP address`,
 			`spec.loadBalancerSourceRanges[0] "10.0.0.0/33": not a CIDR or IP address`,
+			`spec.loadBalancerSourceRanges[2] "::ffff:0:0/95": not a CIDR or IP address`,
 		},
 		wantPorts: []string{"http: IPv4 10.0.0.1:80/TCP np=0 eps="},
 	}, {

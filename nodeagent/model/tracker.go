@@ -2,10 +2,12 @@ package model
 
 import (
 	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -31,10 +33,16 @@ type Tracker struct {
 	// services not seen yet; owner maps a slice back to its service.
 	slices map[ServiceName]map[string]*discoveryv1.EndpointSlice
 	owner  map[types.NamespacedName]ServiceName
-	// built is each service's last build, and errText the text of the
-	// errors last reported for it.
-	built   map[ServiceName][]*ServicePort
-	errText map[ServiceName]string
+	// built is each service's last build and buildErrs its errors;
+	// published is what of it the model holds (the build without the
+	// external addresses the claims refused), refused how many refusals
+	// that took, and errText the text of the errors last reported for it.
+	built     map[ServiceName][]*ServicePort
+	buildErrs map[ServiceName][]error
+	published map[ServiceName][]*ServicePort
+	refused   map[ServiceName]int
+	errText   map[ServiceName]string
+	claims    *claims
 	// ports is the model; shared says a Snapshot holds it, so it is
 	// copied before the next write.
 	ports   map[corev1.IPFamily]map[ServicePortName]*ServicePort
@@ -43,19 +51,24 @@ type Tracker struct {
 }
 
 // NewTracker returns an empty Tracker for the node nodeName. onError, if
-// not nil, receives every FieldError of a service's build, each once for
-// as long as the service's set of errors stays the same; it is called
-// without the Tracker's lock held.
+// not nil, receives every FieldError of a service's build and every
+// Refusal of its external addresses (see claims.go), each once for as long
+// as the service's set of errors stays the same; it is called without the
+// Tracker's lock held.
 func NewTracker(nodeName string, onError func(error)) *Tracker {
 	return &Tracker{
-		nodeName: nodeName,
-		onError:  onError,
-		changed:  make(chan struct{}, 1),
-		services: map[ServiceName]*corev1.Service{},
-		slices:   map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
-		owner:    map[types.NamespacedName]ServiceName{},
-		built:    map[ServiceName][]*ServicePort{},
-		errText:  map[ServiceName]string{},
+		nodeName:  nodeName,
+		onError:   onError,
+		changed:   make(chan struct{}, 1),
+		services:  map[ServiceName]*corev1.Service{},
+		slices:    map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
+		owner:     map[types.NamespacedName]ServiceName{},
+		built:     map[ServiceName][]*ServicePort{},
+		buildErrs: map[ServiceName][]error{},
+		published: map[ServiceName][]*ServicePort{},
+		refused:   map[ServiceName]int{},
+		errText:   map[ServiceName]string{},
+		claims:    newClaims(nodeName),
 		ports: map[corev1.IPFamily]map[ServicePortName]*ServicePort{
 			corev1.IPv4Protocol: {},
 			corev1.IPv6Protocol: {},
@@ -191,18 +204,50 @@ type familyPort struct {
 	name   ServicePortName
 }
 
-// rebuild builds service key again, updates the model and the change set
-// where the result differs, and returns the build errors if they differ
-// from the ones last reported.
+// SetNodeAddrs sets the node's own addresses, which no Service may take
+// as an external address (see claims.go).
+func (t *Tracker) SetNodeAddrs(addrs []netip.Addr) {
+	t.update(func() []ServiceName { return t.claims.setNode(addrs) })
+}
+
+// Refused is how many external addresses of Services the model leaves out
+// now, because another Service or the node owns them.
+func (t *Tracker) Refused() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.refused {
+		n += c
+	}
+	return n
+}
+
+// rebuild builds service key again, updates the claims and publishes the
+// services whose claims that may have changed. It returns the errors of
+// each published service whose errors differ from the ones last reported.
 func (t *Tracker) rebuild(key ServiceName) []error {
 	var ports []*ServicePort
 	var errs []error
 	if svc := t.services[key]; svc != nil {
 		ports, errs = BuildServicePorts(svc, slices.Collect(maps.Values(t.slices[key])), t.nodeName)
 	}
+	oldKeys := claimKeys(t.built[key])
+	setOrDelete(t.built, key, ports, len(ports) > 0)
+	setOrDelete(t.buildErrs, key, errs, len(errs) > 0)
+	var out []error
+	for _, s := range t.claims.index(key, oldKeys, claimKeys(ports)) {
+		out = append(out, t.publish(s)...)
+	}
+	return out
+}
 
+// publish puts service key's build, less what its claims refuse, into the
+// model, recording the ports whose model changed, and returns its errors
+// if they differ from the ones last reported.
+func (t *Tracker) publish(key ServiceName) []error {
+	ports, refusals := t.claims.resolve(key, t.built[key], t)
 	old := map[familyPort]*ServicePort{}
-	for _, sp := range t.built[key] {
+	for _, sp := range t.published[key] {
 		old[familyPort{sp.Family, sp.Name}] = sp
 	}
 	for _, sp := range ports {
@@ -217,26 +262,45 @@ func (t *Tracker) rebuild(key ServiceName) []error {
 		delete(t.writable(k.family), k.name)
 		t.changes[k.name] = struct{}{}
 	}
-	if len(ports) == 0 {
-		delete(t.built, key)
-	} else {
-		t.built[key] = ports
-	}
+	setOrDelete(t.published, key, ports, len(ports) > 0)
+	setOrDelete(t.refused, key, len(refusals), len(refusals) > 0)
 
+	errs := slices.Clone(t.buildErrs[key])
 	var text []string
 	for _, err := range errs {
 		text = append(text, err.Error())
+	}
+	for _, r := range refusals {
+		errs = append(errs, r)
+		text = append(text, r.Error())
 	}
 	joined := strings.Join(text, "\n")
 	if joined == t.errText[key] {
 		return nil
 	}
-	if joined == "" {
-		delete(t.errText, key)
-	} else {
-		t.errText[key] = joined
-	}
+	setOrDelete(t.errText, key, joined, joined != "")
 	return errs
+}
+
+// builtPorts and created give the claims what they need to know of a
+// service (the Tracker is their claimSource).
+func (t *Tracker) builtPorts(key ServiceName) []*ServicePort { return t.built[key] }
+
+func (t *Tracker) created(key ServiceName) time.Time {
+	if svc := t.services[key]; svc != nil {
+		return svc.CreationTimestamp.Time
+	}
+	return time.Time{}
+}
+
+// setOrDelete stores v under k if keep, else deletes k, so that the
+// Tracker's maps hold no empty entries.
+func setOrDelete[K comparable, V any](m map[K]V, k K, v V, keep bool) {
+	if !keep {
+		delete(m, k)
+		return
+	}
+	m[k] = v
 }
 
 // writable returns the model's map of one family, first copying the model

@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -163,7 +164,9 @@ func Answered(results []Result) []Target {
 	return out
 }
 
-// Failures describes the results that did not answer, or "" if all did.
+// Failures describes the results that did not answer, or "" if all did:
+// how many, and the first few (a node probes every Service, and the text
+// ends up in a status message).
 func Failures(results []Result) string {
 	var msgs []string
 	for _, r := range results {
@@ -171,7 +174,10 @@ func Failures(results []Result) string {
 			msgs = append(msgs, fmt.Sprintf("%s: %v", r.Target, r.Err))
 		}
 	}
-	return strings.Join(msgs, "; ")
+	if len(msgs) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d did not answer: %s", len(msgs), len(results), text.List(msgs, "; ", 5))
 }
 
 // dial opens and closes one TCP connection from inside the namespace.

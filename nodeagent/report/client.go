@@ -23,8 +23,8 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
-// Client reads and watches ProxyNodes and patches their status: exactly
-// the agent's RBAC (get, list, watch proxynodes; patch proxynodes/status).
+// Client lists and watches ProxyNodes and patches their status: exactly
+// the agent's RBAC (list, watch proxynodes; patch proxynodes/status).
 type Client struct {
 	rc *rest.RESTClient
 }
@@ -48,13 +48,6 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 		return nil, err
 	}
 	return &Client{rc: rc}, nil
-}
-
-// Get reads one ProxyNode.
-func (c *Client) Get(ctx context.Context, name string) (*v1alpha1.ProxyNode, error) {
-	pn := &v1alpha1.ProxyNode{}
-	err := c.rc.Get().Resource("proxynodes").Name(name).Do(ctx).Into(pn)
-	return pn, err
 }
 
 // PatchStatus merge-patches the status subresource.

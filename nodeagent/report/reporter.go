@@ -14,6 +14,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
@@ -61,6 +62,7 @@ type Reporter struct {
 	sw      Switch
 	sync    *Sync
 	kernel  *v1alpha1.KernelFacts
+	problem problem
 	written *v1alpha1.ProxyNodeStatus
 	base    *v1alpha1.ProxyNodeStatus // status as read at start
 	lastAt  time.Time
@@ -73,28 +75,39 @@ func New(c *Client, node string) *Reporter {
 	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1)}
 }
 
-// Start seeds the Reporter with the status the ProxyNode has, so
-// conditions keep their transition times across agent restarts, and
-// returns it (nil when the ProxyNode does not exist or cannot be read).
-func (r *Reporter) Start(ctx context.Context) *v1alpha1.ProxyNode {
-	if r.c == nil {
-		return nil
-	}
-	pn, err := r.c.Get(ctx, r.node)
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			klog.ErrorS(err, "Could not read this node's ProxyNode; status starts afresh", "proxynode", r.node)
-		}
-		return nil
-	}
+// Seed starts the Reporter from the status pn has (nil: none), so
+// conditions keep their transition times across agent restarts. What was
+// written before (a startup problem) is forgotten: pn shows it already.
+func (r *Reporter) Seed(pn *v1alpha1.ProxyNode) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written = nil
+	if pn == nil {
+		return
+	}
 	r.base = pn.Status.DeepCopy()
 	if pn.Status.Kernel != nil && r.kernel == nil {
 		r.kernel = pn.Status.Kernel.DeepCopy()
 	}
-	r.mu.Unlock()
-	return pn
 }
+
+// SetProblem makes Degraded true with reason and message, whatever the
+// switch says (a failed switch excepted, which is reported as such): the
+// agent cannot follow its spec or the API (its informers have not
+// synced, the spec's settings do not resolve on this node) and keeps the
+// rules the kernel holds. An empty reason clears it.
+func (r *Reporter) SetProblem(reason, message string) {
+	r.mu.Lock()
+	same := r.problem == problem{reason, message}
+	r.problem = problem{reason, message}
+	r.mu.Unlock()
+	if !same {
+		r.signal()
+	}
+}
+
+// problem is what SetProblem recorded.
+type problem struct{ reason, message string }
 
 // SetSwitch records the switch's state.
 func (r *Reporter) SetSwitch(s Switch) {
@@ -175,11 +188,19 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 		st.LastSyncDuration = &metav1.Duration{Duration: s.Duration}
 		st.Counts = &v1alpha1.RuleCounts{Services: int32(s.Counts.Services), Endpoints: int32(s.Counts.Endpoints), Rules: int32(s.Counts.Rules)}
 	}
+	var set []metav1.Condition
 	if sw.Phase != "" {
 		ready, degraded := conditions(sw, r.sync)
-		ready.ObservedGeneration, degraded.ObservedGeneration = sw.Generation, sw.Generation
-		meta.SetStatusCondition(&st.Conditions, ready)
-		meta.SetStatusCondition(&st.Conditions, degraded)
+		set = append(set, ready, degraded)
+	}
+	if p := r.problem; p.reason != "" && sw.Phase != v1alpha1.NodeFailed {
+		set = append(set, metav1.Condition{Type: contract.ConditionDegraded, Status: metav1.ConditionTrue, Reason: p.reason, Message: p.message})
+	}
+	for _, c := range set {
+		// A message the API server refuses would freeze the status.
+		c.Message = text.Cut(c.Message, text.MaxMessage)
+		c.ObservedGeneration = sw.Generation
+		meta.SetStatusCondition(&st.Conditions, c)
 	}
 	return st
 }

@@ -56,31 +56,7 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(env.Config)
 
 	const nodeName = "lab-node"
-	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{
-			Type:  corev1.ServiceTypeNodePort,
-			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var endpoints []discoveryv1.Endpoint
-	for _, p := range pods {
-		endpoints = append(endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(nodeName), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
-	}
-	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   endpoints,
-		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	svc := createWeb(t, kube, nodeName, pods)
 
 	// The agent starts with the Service in place, so that its first
 	// switch verifies through it (the API server's own "kubernetes"
@@ -113,17 +89,7 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 	clusterIP := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
 	nodePort := netip.AddrPortFrom(netlab.NodeIP, uint16(svc.Spec.Ports[0].NodePort))
 	for _, target := range []netip.AddrPort{clusterIP, nodePort} {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			tally := lab.Client.NS.Spread(netlab.TCP, target, 40, time.Second)
-			if len(tally.Answers) == len(pods) && tally.Answered() == 40 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not every pod answered through the agent's rules: %v", target, tally)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		everyPodAnswers(t, lab, target, pods)
 	}
 
 	// An endpoint removed through the API stops getting traffic.
@@ -164,6 +130,56 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
+	}
+}
+
+// createWeb creates Node nodeName and a NodePort Service "web" (port 80)
+// whose EndpointSlice lists pods, ready, on that node.
+func createWeb(t *testing.T, kube kubernetes.Interface, nodeName string, pods []*netlab.Pod) *corev1.Service {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var endpoints []discoveryv1.Endpoint
+	for _, p := range pods {
+		endpoints = append(endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()}, NodeName: strPtr(nodeName), Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}})
+	}
+	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   endpoints,
+		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// everyPodAnswers waits up to 30 seconds until every pod answers at
+// target, from the lab's client, through the agent's rules.
+func everyPodAnswers(t *testing.T, lab *netlab.Lab, target netip.AddrPort, pods []*netlab.Pod) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tally := lab.Client.NS.Spread(netlab.TCP, target, 40, time.Second)
+		if len(tally.Answers) == len(pods) && tally.Answered() == 40 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not every pod answered through the agent's rules: %v", target, tally)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

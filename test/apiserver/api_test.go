@@ -79,6 +79,24 @@ func TestAPI(t *testing.T) {
 			{"iptables-settings-in-nftables-mode", "mode: nftables\niptables:\n  masqueradeAll: true", []string{"spec.iptables", "only be set when spec.mode is iptables"}},
 			{"ipvs-settings-in-iptables-mode", "mode: iptables\nipvs:\n  scheduler: rr", []string{"spec.ipvs", "only be set when spec.mode is ipvs"}},
 			{"nftables-settings-in-ipvs-mode", "mode: ipvs\nnftables:\n  syncPeriod: 1m", []string{"spec.nftables", "only be set when spec.mode is nftables"}},
+			// An IPv4-mapped IPv6 network is no network a dataplane can
+			// program (it used to panic the nftables backend).
+			{"cluster-cidr-ipv4-mapped", "mode: nftables\nclusterCIDRs: ['::ffff:10.0.0.0/104']", []string{"spec.clusterCIDRs[0]", "IPv4-mapped"}},
+			{"cluster-cidr-ipv4-mapped-hex", "mode: nftables\nclusterCIDRs: ['::ffff:a00:0/104']", []string{"spec.clusterCIDRs[0]", "IPv4-mapped"}},
+			{"exclude-cidr-ipv4-mapped", "mode: ipvs\nipvs:\n  excludeCIDRs: ['::ffff:198.19.0.0/112']", []string{"spec.ipvs.excludeCIDRs[0]", "IPv4-mapped"}},
+			{"nodeport-address-ipv4-mapped", "mode: nftables\nnodePortAddresses: ['::ffff:198.18.0.0/111']", []string{"spec.nodePortAddresses[0]", "IPv4-mapped"}},
+			// nodeSelector: keys, operators and values are checked as the
+			// API server checks any label selector.
+			{"selector-label-key", "mode: nftables\nnodeSelector:\n  matchLabels:\n    'bad key!': x", []string{"spec.nodeSelector.matchLabels", `invalid label key "bad key!"`, "name part must consist of alphanumeric characters"}},
+			{"selector-label-key-prefix", "mode: nftables\nnodeSelector:\n  matchLabels:\n    'Example.COM/role': x", []string{"spec.nodeSelector.matchLabels", `"Example.COM/role"`, "prefix part", "lower case"}},
+			{"selector-label-key-too-long", "mode: nftables\nnodeSelector:\n  matchLabels:\n    " + strings.Repeat("k", 64) + ": x", []string{"spec.nodeSelector.matchLabels", "name part must be no more than 63"}},
+			{"selector-label-value", "mode: nftables\nnodeSelector:\n  matchLabels:\n    role: 'two words'", []string{"spec.nodeSelector.matchLabels[role]", `invalid label value "two words"`, "a valid label must be an empty string or consist of alphanumeric characters"}},
+			{"selector-label-value-too-long", "mode: nftables\nnodeSelector:\n  matchLabels:\n    role: " + strings.Repeat("v", 64), []string{"spec.nodeSelector.matchLabels.role", "may not be more than 63"}},
+			{"selector-expression-key", "mode: nftables\nnodeSelector:\n  matchExpressions:\n  - {key: '-role', operator: Exists}", []string{"spec.nodeSelector.matchExpressions[0].key", `invalid label key "-role"`, "must start and end with an alphanumeric character"}},
+			{"selector-expression-operator", "mode: nftables\nnodeSelector:\n  matchExpressions:\n  - {key: role, operator: Like, values: [a]}", []string{"spec.nodeSelector.matchExpressions[0].operator", `Unsupported value: "Like"`, `"In", "NotIn", "Exists", "DoesNotExist"`}},
+			{"selector-expression-in-without-values", "mode: nftables\nnodeSelector:\n  matchExpressions:\n  - {key: role, operator: In}", []string{"spec.nodeSelector.matchExpressions[0].values", "values must be specified when operator is In or NotIn"}},
+			{"selector-expression-exists-with-values", "mode: nftables\nnodeSelector:\n  matchExpressions:\n  - {key: role, operator: Exists, values: [a]}", []string{"spec.nodeSelector.matchExpressions[0].values", "values may not be specified when operator is Exists or DoesNotExist"}},
+			{"selector-expression-value", "mode: nftables\nnodeSelector:\n  matchExpressions:\n  - {key: role, operator: NotIn, values: [ok, 'not ok']}", []string{"spec.nodeSelector.matchExpressions[0].values[1]", `invalid label value "not ok"`}},
 		}
 		if len(cases) < 20 {
 			t.Fatalf("the table must hold at least 20 invalid configs, has %d", len(cases))
@@ -95,6 +113,33 @@ func TestAPI(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+
+	t.Run("InvalidProxyNodeSettingsRejected", func(t *testing.T) {
+		// A ProxyNode's spec.settings are the same types as a
+		// ProxyConfig's, checked the same way.
+		for i, tc := range []struct {
+			settings proxyv1alpha1.ProxySettings
+			want     []string
+		}{
+			{proxyv1alpha1.ProxySettings{ClusterCIDRs: []proxyv1alpha1.CIDR{"::ffff:10.0.0.0/104"}}, []string{"spec.settings.clusterCIDRs[0]", "IPv4-mapped"}},
+			{proxyv1alpha1.ProxySettings{ClusterCIDRs: []proxyv1alpha1.CIDR{"198.18.0.0/33"}}, []string{"spec.settings.clusterCIDRs[0]", "must be a CIDR"}},
+			{proxyv1alpha1.ProxySettings{NodePortAddresses: []proxyv1alpha1.NodePortAddress{"::ffff:198.18.0.0/111"}}, []string{"spec.settings.nodePortAddresses[0]", "IPv4-mapped"}},
+			{proxyv1alpha1.ProxySettings{IPVS: &proxyv1alpha1.IPVSSettings{ExcludeCIDRs: []proxyv1alpha1.CIDR{"::ffff:198.19.0.0/112"}}}, []string{"spec.settings.ipvs.excludeCIDRs[0]", "IPv4-mapped"}},
+		} {
+			pn := &proxyv1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("invalid-%d", i)},
+				Spec: proxyv1alpha1.ProxyNodeSpec{DesiredMode: proxyv1alpha1.ModeNFTables, Settings: tc.settings}}
+			err := env.Client.Create(ctx, pn)
+			if err == nil {
+				t.Errorf("API server accepted ProxyNode settings %+v", tc.settings)
+				continue
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("rejection message lacks %q:\n%v", w, err)
+				}
+			}
 		}
 	})
 
@@ -144,7 +189,7 @@ func TestAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"kind: Namespace", "name: proxyshift-system", "kind: Deployment", "kind: DaemonSet", "hostNetwork: true", "SYS_MODULE", "system-node-critical"} {
+		for _, want := range []string{"kind: Namespace", "name: proxyshift-system", "kind: Deployment", "kind: DaemonSet", "hostNetwork: true", "SYS_MODULE", "system-node-critical", "startupProbe", "kind: ValidatingAdmissionPolicy"} {
 			if !strings.Contains(rendered, want) {
 				t.Errorf("kubectl kustomize config/default lacks %q", want)
 			}
@@ -158,8 +203,12 @@ func TestAPI(t *testing.T) {
 			"customresourcedefinition.apiextensions.k8s.io/proxyconfigs.network.proxyshift.io",
 			"clusterrole.rbac.authorization.k8s.io/proxyshift-operator created",
 			"clusterrole.rbac.authorization.k8s.io/proxyshift-agent created",
+			"clusterrole.rbac.authorization.k8s.io/proxyshift-metrics-reader created",
 			"deployment.apps/proxyshift-operator created",
 			"daemonset.apps/proxyshift-agent created",
+			"service/proxyshift-operator-metrics created",
+			"validatingadmissionpolicy.admissionregistration.k8s.io/proxyshift-agent-own-proxynode created",
+			"validatingadmissionpolicybinding.admissionregistration.k8s.io/proxyshift-agent-own-proxynode created",
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("kubectl apply -k config/default output lacks %q:\n%s", want, out)
@@ -173,14 +222,16 @@ func TestAPI(t *testing.T) {
 			return strings.TrimSpace(out)
 		}
 		deadline := time.Now().Add(20 * time.Second)
-		for canI("update", "proxynodes", "--subresource=status", agent) != "yes" {
+		for canI("patch", "proxynodes", "--subresource=status", agent) != "yes" {
 			if time.Now().After(deadline) {
-				t.Fatal("the agent's ServiceAccount may not update ProxyNode status")
+				t.Fatal("the agent's ServiceAccount may not patch ProxyNode status")
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		if got := canI("update", "proxynodes", agent); got != "no" {
-			t.Errorf("agent may update ProxyNode specs (kubectl auth can-i said %q); it should only write status", got)
+		for _, verb := range []string{"update", "patch", "create", "delete"} {
+			if got := canI(verb, "proxynodes", agent); got != "no" {
+				t.Errorf("agent may %s ProxyNodes (kubectl auth can-i said %q); it should only patch their status", verb, got)
+			}
 		}
 		if got := canI("update", "proxyconfigs", "--subresource=status", "--as=system:serviceaccount:proxyshift-system:proxyshift-operator"); got != "yes" {
 			t.Errorf("operator may not update ProxyConfig status (kubectl auth can-i said %q)", got)

@@ -42,6 +42,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/test/controlplane"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -137,25 +138,21 @@ type Cluster struct {
 	// Timings are the durations of Start's steps, in order.
 	Timings []Timing
 
-	opts      Options
-	seq       int64
-	pki       *controlplane.PKI
-	cp        *controlplane.ControlPlane
-	fabric    *netlab.Fabric
-	ownRunDir bool
-	childEnv  []string
+	opts       Options
+	pki        *controlplane.PKI
+	cp         *controlplane.ControlPlane
+	fabric     *netlab.Fabric
+	run        *harness.RunDir
+	childEnv   []string
+	namespaces *netlab.Namespaces
 
-	mu         sync.Mutex
-	namespaces []*netlab.NetNS
-	closeOnce  sync.Once
-	closeErr   error
+	mu        sync.Mutex
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Timing is how long one step of Start took.
-type Timing struct {
-	Step     string
-	Duration time.Duration
-}
+type Timing = harness.Timing
 
 // Node is one node: a namespace with its fabric address, its pod bridge
 // and pods, a Node object, and its agent process.
@@ -269,23 +266,11 @@ func (c *Cluster) Processes() []*Process {
 	return ps
 }
 
-func (c *Cluster) logf(format string, args ...any) {
-	if c.opts.Logf != nil {
-		c.opts.Logf(format, args...)
-	}
-}
+func (c *Cluster) logf(format string, args ...any) { c.opts.Logf(format, args...) }
 
 // step runs one step of Start and records its duration.
 func (c *Cluster) step(name string, fn func() error) error {
-	start := time.Now()
-	err := fn()
-	d := time.Since(start)
-	c.Timings = append(c.Timings, Timing{Step: name, Duration: d})
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	c.logf("%-34s %6.2fs", name, d.Seconds())
-	return nil
+	return harness.Step(&c.Timings, c.opts.Logf, name, fn)
 }
 
 func (o *Options) defaults() error {
@@ -316,6 +301,9 @@ func (o *Options) defaults() error {
 	if o.RepoDir == "" {
 		o.RepoDir = RepoRoot()
 	}
+	if o.Logf == nil {
+		o.Logf = harness.Quiet
+	}
 	return nil
 }
 
@@ -332,7 +320,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: opts, seq: clusterSeq.Add(1)}
+	c := &Cluster{opts: opts, namespaces: netlab.NewNamespaces(nsPrefix)}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 	if err := c.start(ctx); err != nil {
@@ -348,26 +336,12 @@ func (c *Cluster) start(ctx context.Context) error {
 	o := &c.opts
 	netlab.SweepStale(nsPrefix, c.logf)
 
-	if err := c.step("run directory", func() error {
-		if o.RunDir == "" {
-			dir, err := os.MkdirTemp("", "proxyshift-cluster-")
-			if err != nil {
-				return err
-			}
-			c.RunDir, c.ownRunDir = dir, true
-		} else {
-			c.RunDir = o.RunDir
+	if err := c.step("run directory", func() (err error) {
+		if c.run, err = harness.NewRunDir(o.RunDir, "proxyshift-cluster-"); err != nil {
+			return err
 		}
-		c.LogDir = filepath.Join(c.RunDir, "logs")
-		home := filepath.Join(c.RunDir, "home")
-		for _, d := range []string{c.LogDir, home} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return err
-			}
-		}
-		// The processes get a minimal environment with HOME in the run
-		// directory, so nothing (kubectl's cache, say) lands in the real one.
-		c.childEnv = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home}
+		c.RunDir, c.LogDir = c.run.Dir, c.run.LogDir
+		c.childEnv = append(c.run.Env, "PATH="+os.Getenv("PATH"))
 		return nil
 	}); err != nil {
 		return err
@@ -422,7 +396,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.step("etcd and kube-apiserver ready", func() error { return c.startControlPlane(ctx) }); err != nil {
 		return err
 	}
-	if err := c.step("install CRDs and RBAC (kubectl apply -k)", func() error { return c.install(ctx) }); err != nil {
+	if err := c.step("install CRDs, RBAC and admission policy (kubectl apply -k)", func() error { return c.install(ctx) }); err != nil {
 		return err
 	}
 	if err := c.step("Nodes, ProxyNodes, Services", func() error { return c.createObjects(ctx) }); err != nil {
@@ -517,19 +491,11 @@ func (c *Cluster) close() error {
 	for _, p := range c.Pods {
 		p.server.Stop() // its sockets would keep the namespace alive
 	}
-	c.mu.Lock()
-	nss := slices.Clone(c.namespaces)
-	c.namespaces = nil
-	c.mu.Unlock()
-	for i := len(nss) - 1; i >= 0; i-- {
-		if err := nss[i].Delete(); err != nil {
-			errs = append(errs, err)
-		}
+	if err := c.namespaces.DeleteAll(); err != nil {
+		errs = append(errs, err)
 	}
-	if c.ownRunDir && !c.opts.KeepRunDir && c.RunDir != "" {
-		if err := os.RemoveAll(c.RunDir); err != nil {
-			errs = append(errs, err)
-		}
+	if err := c.run.Remove(c.opts.KeepRunDir); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

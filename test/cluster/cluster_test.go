@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -91,12 +91,7 @@ type footprint struct {
 }
 
 func footprintOf(c *Cluster) footprint {
-	f := footprint{runDir: c.RunDir}
-	c.mu.Lock()
-	for _, ns := range c.namespaces {
-		f.namespaces = append(f.namespaces, ns.Name)
-	}
-	c.mu.Unlock()
+	f := footprint{runDir: c.RunDir, namespaces: c.namespaces.Names()}
 	for _, p := range c.Processes() {
 		if pid := p.Pid(); pid != 0 {
 			f.pids = append(f.pids, pid)
@@ -283,7 +278,7 @@ func TestThreeNodeCluster(t *testing.T) {
 		// Each agent has its own token of the proxyshift-agent
 		// ServiceAccount; config/rbac's role lets it write ProxyNode
 		// status and read Services, not create ProxyNodes or touch Nodes.
-		check := func(kubeconfig, wantUser string, allowed, denied []authorizationv1.ResourceAttributes) {
+		check := func(kubeconfig, wantUser, wantNode string, allowed, denied []authorizationv1.ResourceAttributes) {
 			t.Helper()
 			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 			if err != nil {
@@ -300,6 +295,11 @@ func TestThreeNodeCluster(t *testing.T) {
 			}
 			if got := review.Status.UserInfo.Username; got != wantUser {
 				t.Errorf("%s authenticates as %q, want %q", filepath.Base(kubeconfig), got, wantUser)
+			}
+			// An agent's token is bound to a pod on its node: the API
+			// server knows which node it speaks for (config/policy).
+			if got := review.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"]; wantNode != "" && fmt.Sprint(got) != "["+wantNode+"]" {
+				t.Errorf("%s: node claim %v, want [%s]", filepath.Base(kubeconfig), got, wantNode)
 			}
 			for _, list := range []struct {
 				attrs []authorizationv1.ResourceAttributes
@@ -334,11 +334,11 @@ func TestThreeNodeCluster(t *testing.T) {
 				t.Errorf("%s shares its credentials with another agent", node.Name)
 			}
 			seen[string(b)] = true
-			check(node.Kubeconfig, "system:serviceaccount:proxyshift-system:proxyshift-agent",
+			check(node.Kubeconfig, "system:serviceaccount:proxyshift-system:proxyshift-agent", node.Name,
 				[]authorizationv1.ResourceAttributes{pn("patch", "status"), pn("watch", ""), core("list", "services")},
 				[]authorizationv1.ResourceAttributes{pn("create", ""), core("delete", "nodes"), core("get", "secrets")})
 		}
-		check(filepath.Join(c.RunDir, "operator.kubeconfig"), "system:serviceaccount:proxyshift-system:proxyshift-operator",
+		check(filepath.Join(c.RunDir, "operator.kubeconfig"), "system:serviceaccount:proxyshift-system:proxyshift-operator", "",
 			[]authorizationv1.ResourceAttributes{pn("create", ""), pn("update", ""), core("list", "nodes")},
 			[]authorizationv1.ResourceAttributes{core("delete", "nodes"), core("get", "secrets")})
 	})
@@ -460,15 +460,9 @@ func ourNamespaces(t *testing.T) []string {
 
 func namespacesWithPrefix(t *testing.T, prefix string) []string {
 	t.Helper()
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	names, err := netlab.NamedWithPrefix(prefix)
+	if err != nil {
 		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) {
-			names = append(names, e.Name())
-		}
 	}
 	return names
 }
@@ -499,53 +493,9 @@ func TestProgramCtrlCAndCrash(t *testing.T) {
 	}
 	launch := func() *run {
 		t.Helper()
-		cmd := exec.Command(bin, "-nodes", "1", "-pods-per-node", "1", "-bin-dir", sharedBinDir(t))
-		cmd.Dir = RepoRoot()
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stderr := &strings.Builder{}
-		cmd.Stderr = stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r := &run{cmd: cmd, netns: fmt.Sprintf("%s%d-", nsPrefix, cmd.Process.Pid)}
-		lines := make(chan string)
-		go func() {
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
-		deadline := time.After(2 * time.Minute)
-		for ready := false; !ready; {
-			select {
-			case line, ok := <-lines:
-				if !ok {
-					_ = cmd.Wait()
-					t.Fatalf("the program ended before the cluster was up:\n%s", stderr.String())
-				}
-				if v, ok := strings.CutPrefix(line, "kubeconfig:"); ok {
-					r.kubeconfig = strings.TrimSpace(v)
-				}
-				if v, ok := strings.CutPrefix(line, "run dir:"); ok {
-					r.runDir = strings.TrimSpace(v)
-				}
-				if strings.HasPrefix(line, "client:") {
-					ready = true
-				}
-			case <-deadline:
-				_ = cmd.Process.Kill()
-				t.Fatalf("no cluster within 2 minutes:\n%s", stderr.String())
-			}
-		}
-		go func() {
-			for range lines {
-			}
-		}()
-		return r
+		p := harness.StartProgram(t, RepoRoot(), bin, []string{"-nodes", "1", "-pods-per-node", "1", "-bin-dir", sharedBinDir(t)}, "client:", 2*time.Minute)
+		return &run{cmd: p.Cmd, kubeconfig: p.Value("kubeconfig"), runDir: p.Value("run dir"),
+			netns: fmt.Sprintf("%s%d-", nsPrefix, p.Cmd.Process.Pid)}
 	}
 	agentPids := func(r *run) []int {
 		out, _ := exec.Command("pgrep", "-f", "proxyshift-agent --kubeconfig="+r.runDir).Output()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -120,7 +121,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	return v1alpha1.AddToScheme(c.Scheme)
 }
 
-// install applies config/crd and config/rbac, renamed into
+// install applies config/crd, config/rbac and config/policy, renamed into
 // ProxyshiftNamespace as config/default does, with `kubectl apply -k` run
 // inside the control-plane namespace, and waits for the CRDs.
 func (c *Cluster) install(ctx context.Context) error {
@@ -144,8 +145,13 @@ func (c *Cluster) install(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kustomization := fmt.Sprintf(`# Written by the local cluster harness (test/cluster): proxyshift's CRDs and
-# RBAC from config/, in namespace %[1]s as config/default installs them.
+	policy, err := rel("policy")
+	if err != nil {
+		return err
+	}
+	kustomization := fmt.Sprintf(`# Written by the local cluster harness (test/cluster): proxyshift's CRDs,
+# RBAC and admission policy from config/, in namespace %[1]s as
+# config/default installs them.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: %[1]s
@@ -153,7 +159,8 @@ resources:
 - namespace.yaml
 - %[2]s
 - %[3]s
-`, ProxyshiftNamespace, crd, rbac)
+- %[4]s
+`, ProxyshiftNamespace, crd, rbac, policy)
 	namespace := fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", ProxyshiftNamespace)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		return err
@@ -181,12 +188,16 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 
 // writeCredentials asks the TokenRequest API for a token of the
 // proxyshift-operator ServiceAccount and one per agent of the
-// proxyshift-agent ServiceAccount (as each DaemonSet pod would get its
-// own), and writes a kubeconfig for each. RBAC is config/rbac's.
+// proxyshift-agent ServiceAccount, and writes a kubeconfig for each. RBAC
+// is config/rbac's. Each agent's token is bound to a Pod object on its
+// node, as the kubelet binds a DaemonSet pod's token (no kubelet runs the
+// Pod: it is there for the binding), so the API server knows the node it
+// speaks for and config/policy's admission policy lets it write that
+// node's ProxyNode only.
 func (c *Cluster) writeCredentials(ctx context.Context) error {
-	token := func(sa string) (string, error) {
+	token := func(sa string, bound *authenticationv1.BoundObjectReference) (string, error) {
 		tr, err := c.Kube.CoreV1().ServiceAccounts(ProxyshiftNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(tokenLifetime / time.Second))},
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(tokenLifetime / time.Second)), BoundObjectRef: bound},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			return "", fmt.Errorf("token for ServiceAccount %s/%s: %w", ProxyshiftNamespace, sa, err)
@@ -195,7 +206,7 @@ func (c *Cluster) writeCredentials(ctx context.Context) error {
 	}
 	user := func(sa string) string { return "system:serviceaccount:" + ProxyshiftNamespace + ":" + sa }
 	if !c.opts.NoOperator {
-		tok, err := token("proxyshift-operator")
+		tok, err := token("proxyshift-operator", nil)
 		if err != nil {
 			return err
 		}
@@ -205,7 +216,18 @@ func (c *Cluster) writeCredentials(ctx context.Context) error {
 		}
 	}
 	for _, n := range c.Nodes {
-		tok, err := token("proxyshift-agent")
+		pod, err := c.Kube.CoreV1().Pods(ProxyshiftNamespace).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "proxyshift-agent-" + n.Name, Labels: map[string]string{"app.kubernetes.io/component": "agent"}},
+			Spec: corev1.PodSpec{
+				ServiceAccountName: "proxyshift-agent",
+				NodeName:           n.Name,
+				Containers:         []corev1.Container{{Name: "agent", Image: "proxyshift-agent"}},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("agent pod for %s: %w", n.Name, err)
+		}
+		tok, err := token("proxyshift-agent", &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"fmt"
 	"net/netip"
-	"sync/atomic"
 
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -61,25 +60,8 @@ func clientIP(k int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, byt
 // crashed run left behind (netlab.SweepStale).
 const nsPrefix = "psc-"
 
-var clusterSeq atomic.Int64
-
-// newNS creates one of the cluster's namespaces and records it for Close.
-func (c *Cluster) newNS(role string) (*netlab.NetNS, error) {
-	ns, err := netlab.CreateNetNS(netlab.OwnedName(nsPrefix, fmt.Sprintf("%d-%s", c.seq, role)))
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	c.namespaces = append(c.namespaces, ns)
-	c.mu.Unlock()
-	return ns, nil
-}
-
-// plug joins ns to the fabric bridge with a veth (eth0 inside ns) and gives
-// it addr on the fabric.
-func (c *Cluster) plug(ns *netlab.NetNS, fabricLink string, addr netip.Addr) error {
-	return c.fabric.Plug(ns, fabricLink, uplink, addr)
-}
+// newNS creates one of the cluster's namespaces, removed by Close.
+func (c *Cluster) newNS(role string) (*netlab.NetNS, error) { return c.namespaces.Create(role) }
 
 // buildFabric creates the fabric namespace with its bridge, and the
 // control-plane namespace on it.
@@ -94,10 +76,7 @@ func (c *Cluster) buildFabric() error {
 	if c.ControlPlane, err = c.newNS("cp"); err != nil {
 		return err
 	}
-	if err := c.ControlPlane.SetSysctl("net/ipv4/ip_forward", "0"); err != nil {
-		return err
-	}
-	if err := c.plug(c.ControlPlane, "cp", APIServerIP); err != nil {
+	if err := c.fabric.AddServer(c.ControlPlane, "cp", uplink, APIServerIP); err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	return nil
@@ -123,21 +102,11 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 		c:          c,
 	}
 	n.nextPod = n.PodGateway.Next()
-	steps := []func() error{
-		func() error { return ns.SetSysctl("net/ipv4/ip_forward", "1") },
-		// Clients and nodes share one segment: a node forwarding a packet
-		// back out of the interface it came in on must not tell the sender
-		// to go elsewhere (ICMP redirects), or clients would bypass it.
-		func() error { return ns.SetSysctl("net/ipv4/conf/all/send_redirects", "0") },
-		func() error { return ns.SetSysctl("net/ipv4/conf/default/send_redirects", "0") },
-		func() error { return c.plug(ns, fmt.Sprintf("n%d", i), n.IP) },
-		func() error { return ns.AddBridge(podBridge, netip.PrefixFrom(n.PodGateway, n.PodCIDR.Bits())) },
-		func() error { return ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), FabricGateway) },
+	if err := c.fabric.AddRouter(ns, fmt.Sprintf("n%d", i), uplink, n.IP); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
-	for _, s := range steps {
-		if err := s(); err != nil {
-			return nil, fmt.Errorf("node %s: %w", name, err)
-		}
+	if err := ns.AddBridge(podBridge, netip.PrefixFrom(n.PodGateway, n.PodCIDR.Bits())); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	return n, nil
 }
@@ -214,16 +183,8 @@ func (c *Cluster) AddClient(name string, via *Node) (*Host, error) {
 		return nil, err
 	}
 	h := &Host{Name: name, NS: ns, IP: clientIP(k), Via: via}
-	steps := []func() error{
-		func() error { return ns.SetSysctl("net/ipv4/ip_forward", "0") },
-		func() error { return ns.SetSysctl("net/ipv4/conf/all/accept_redirects", "0") },
-		func() error { return c.plug(ns, fmt.Sprintf("h%d", k), h.IP) },
-		func() error { return ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), via.IP) },
-	}
-	for _, s := range steps {
-		if err := s(); err != nil {
-			return nil, fmt.Errorf("client %s: %w", name, err)
-		}
+	if err := c.fabric.AddHost(ns, fmt.Sprintf("h%d", k), uplink, h.IP, via.IP); err != nil {
+		return nil, fmt.Errorf("client %s: %w", name, err)
 	}
 	c.mu.Lock()
 	c.Clients = append(c.Clients, h)

@@ -1,6 +1,7 @@
 package dataplane_test
 
 import (
+	"fmt"
 	"io"
 	"net/netip"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
@@ -79,7 +82,14 @@ var (
 	localIP     = netip.MustParseAddr("198.19.0.16")
 	noLocalIP   = netip.MustParseAddr("198.19.0.17")
 	churnIP     = netip.MustParseAddr("198.19.0.18")
+	victimIP    = netip.MustParseAddr("198.19.0.20")
+	hijackerIP  = netip.MustParseAddr("198.19.0.21")
+	hijackerExt = netip.MustParseAddr("198.19.1.21")
 )
+
+// sshPort is a port of the node itself, which a Service's externalIP on
+// the node's address must not take.
+const sshPort = 22
 
 const (
 	nodePort        = 30080
@@ -137,7 +147,46 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 	} {
 		out[sp.Name] = sp
 	}
+	for name, sp := range claimed(p) {
+		out[name] = sp
+	}
 	return out
+}
+
+// claimed builds, through the model's Tracker as the agent does, a
+// Service "victim" and a Service "hijacker" whose externalIPs name the
+// victim's cluster IP and the node's own address, next to an address of
+// its own. Only that last one may reach the hijacker's pod (pod-d): the
+// victim's cluster IP stays the victim's, the node's address the node's.
+// Without the model's claims the hijacker, first in name order, would win
+// both.
+func claimed(p pods) map[model.ServicePortName]*model.ServicePort {
+	tr := model.NewTracker("node-1", nil)
+	tr.SetNodeAddrs([]netip.Addr{netlab.NodeIP})
+	add := func(name string, clusterIP netip.Addr, ports []int32, pod *netlab.Pod, ext ...netip.Addr) {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "suite", Name: name}, Spec: corev1.ServiceSpec{
+			ClusterIP: clusterIP.String(), ClusterIPs: []string{clusterIP.String()}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+		}}
+		for _, e := range ext {
+			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, e.String())
+		}
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "suite", Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{pod.IP.String()}, NodeName: new("node-1")}},
+		}
+		for _, port := range ports {
+			pname := fmt.Sprint("p", port)
+			svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: pname, Port: port, Protocol: corev1.ProtocolTCP})
+			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: new(pname), Port: new(int32(netlab.ServerPort)), Protocol: new(corev1.ProtocolTCP)})
+		}
+		tr.OnServiceAdd(svc)
+		tr.OnEndpointSliceAdd(slice)
+	}
+	add("victim", victimIP, []int32{80}, p.a)
+	add("hijacker", hijackerIP, []int32{80, sshPort}, p.d, victimIP, netlab.NodeIP, hijackerExt)
+	snap, _ := tr.Snapshot()
+	return snap.Ports[corev1.IPv4Protocol]
 }
 
 func endpoint(p *netlab.Pod, local bool) model.Endpoint {
@@ -238,6 +287,20 @@ func runSuite(t *testing.T, row backend) {
 		} else {
 			t.Logf("client outside the source ranges: %v", err)
 		}
+	})
+	check("service-ips-not-yours", func(t *testing.T) {
+		// The victim's cluster IP answers from the victim's pod only, the
+		// node's port 22 from the node itself; the hijacker keeps the
+		// external address that is its own.
+		self, err := netlab.StartServer(node.NS, "node-itself", sshPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer self.Stop()
+		expectSpread(t, client, netlab.TCP, svcAddr(victimIP, 80), []string{"pod-a"})
+		expectSpread(t, client, netlab.TCP, svcAddr(netlab.NodeIP, sshPort), []string{"node-itself"})
+		expectSpread(t, client, netlab.TCP, svcAddr(hijackerExt, sshPort), []string{"pod-d"})
+		expectSpread(t, client, netlab.TCP, svcAddr(hijackerIP, 80), []string{"pod-d"})
 	})
 	check("no-endpoints-rejects", func(t *testing.T) {
 		expectRefused(t, client, netlab.TCP, svcAddr(emptyIP, 80))

@@ -6,7 +6,9 @@
 // through the dataplane.Backend interface, and checks each behaviour with
 // real TCP and UDP traffic from the clients: load balancing, session
 // affinity, NodePorts, external and load-balancer IPs with source ranges,
-// rejecting services without endpoints, externalTrafficPolicy Local,
+// Service IPs that are not a Service's own (another Service's cluster IP,
+// the node's address, named as externalIPs), rejecting services without
+// endpoints, externalTrafficPolicy Local,
 // incremental syncs, restarts, drift repair and cleanup.
 //
 // The suite is one table with a row per backend, so every backend is held

@@ -39,19 +39,18 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/test/cluster"
 	"github.com/proxyshift/proxyshift/test/controlplane"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -124,33 +123,25 @@ type Cluster struct {
 	// Timings are the durations of Start's steps, in order; Pods how long
 	// each pod the harness created (kube-proxy's, the Deployment's) took
 	// from its creation to Running.
-	Timings []Timing
-	Pods    []Timing
+	Timings []harness.Timing
+	Pods    []harness.Timing
 
-	opts     Options
-	seq      int64
-	pki      *controlplane.PKI
-	cp       *controlplane.ControlPlane
-	fabric   *netlab.Fabric
-	childEnv []string
-	pauseBin string
-	ownRun   bool
+	opts       Options
+	pki        *controlplane.PKI
+	cp         *controlplane.ControlPlane
+	fabric     *netlab.Fabric
+	run        *harness.RunDir
+	childEnv   []string
+	pauseBin   string
+	namespaces *netlab.Namespaces
 
-	mu         sync.Mutex
-	namespaces []*netlab.NetNS
-	closeOnce  sync.Once
-	closeErr   error
-}
-
-// Timing is how long one step (or one node, or one pod) took.
-type Timing struct {
-	Step     string
-	Duration time.Duration
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // nsPrefix starts the names of the namespaces the harness creates
-// ("psr-<pid>-<cluster>-<role>", see netlab.OwnedName); cgroups take the
-// same form.
+// ("psr-<pid>-<run>-<role>", see netlab.Namespaces); the nodes' cgroups
+// take the same form.
 const nsPrefix = cgroupPrefix
 
 // Budgets for the waits (a busy machine is slow; a healthy one needs a
@@ -159,8 +150,6 @@ const (
 	readyBudget    = 3 * time.Minute
 	servicesBudget = 2 * time.Minute
 )
-
-var clusterSeq atomic.Int64
 
 // binaries are the programs Start needs from BinDir.
 var binaries = []string{
@@ -187,13 +176,16 @@ func (o *Options) defaults() error {
 	if o.RepoDir == "" {
 		o.RepoDir = cluster.RepoRoot()
 	}
+	if o.Logf == nil {
+		o.Logf = harness.Quiet
+	}
 	return nil
 }
 
-// CanRun says why this machine cannot run the cluster (nil when it can):
-// it needs root, cgroup hierarchies, and the Debian packages
-// hack/install-deps.sh installs (runc, the CNI plugins, util-linux's
-// unshare and nsenter, mount).
+// CanRun says why this machine cannot run kubelets (nil when it can): it
+// needs root and cgroup hierarchies. (Missing binaries are built, and
+// missing Debian packages are an error of Start naming
+// hack/install-deps.sh, not a reason to skip.)
 func CanRun() error {
 	if os.Geteuid() != 0 {
 		return errors.New("the real-node cluster needs root (network, mount and PID namespaces, cgroups)")
@@ -201,8 +193,15 @@ func CanRun() error {
 	if m, err := cgroupMounts(); err != nil || len(m) == 0 {
 		return fmt.Errorf("no cgroup hierarchy mounted (%v)", err)
 	}
+	return nil
+}
+
+// checkTools fails naming the first missing program of the Debian
+// packages hack/install-deps.sh installs: runc, the CNI plugins,
+// util-linux's unshare, nsenter and mount.
+func checkTools() error {
 	for _, b := range []string{"runc", "unshare", "nsenter", "mount", filepath.Join(cniBinDir, "bridge"), filepath.Join(cniBinDir, "host-local"), filepath.Join(cniBinDir, "loopback")} {
-		if _, err := exec.LookPath(b); err != nil {
+		if _, err := nsexec.LookPath(b); err != nil {
 			return fmt.Errorf("%s is missing (run hack/install-deps.sh): %w", b, err)
 		}
 	}
@@ -218,10 +217,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := CanRun(); err != nil {
 		return nil, err
 	}
+	if err := checkTools(); err != nil {
+		return nil, err
+	}
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: opts, seq: clusterSeq.Add(1)}
+	c := &Cluster{opts: opts, namespaces: netlab.NewNamespaces(nsPrefix)}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 	if err := c.start(ctx); err != nil {
@@ -233,23 +235,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-func (c *Cluster) logf(format string, args ...any) {
-	if c.opts.Logf != nil {
-		c.opts.Logf(format, args...)
-	}
-}
+func (c *Cluster) logf(format string, args ...any) { c.opts.Logf(format, args...) }
 
 // step runs one step of Start and records its duration.
 func (c *Cluster) step(name string, fn func() error) error {
-	start := time.Now()
-	err := fn()
-	d := time.Since(start)
-	c.Timings = append(c.Timings, Timing{Step: name, Duration: d})
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	c.logf("%-40s %6.2fs", name, d.Seconds())
-	return nil
+	return harness.Step(&c.Timings, c.opts.Logf, name, fn)
 }
 
 func (c *Cluster) start(ctx context.Context) error {
@@ -258,7 +248,13 @@ func (c *Cluster) start(ctx context.Context) error {
 	netlab.SweepStale(nsPrefix, c.logf)
 	sweepStaleCgroups(c.logf)
 
-	if err := c.step("run directory", c.makeRunDir); err != nil {
+	if err := c.step("run directory", func() (err error) {
+		if c.run, err = harness.NewRunDir(o.RunDir, "proxyshift-realcluster-"); err != nil {
+			return err
+		}
+		c.RunDir, c.LogDir = c.run.Dir, c.run.LogDir
+		return nil
+	}); err != nil {
 		return err
 	}
 	c.logf("run directory %s", c.RunDir)
@@ -269,7 +265,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		// The processes get a minimal environment with HOME in the run
 		// directory, so nothing (kubectl's cache, say) lands in the real
 		// one; containerd finds its shim in BinDir through PATH.
-		c.childEnv = append(c.childEnv, "PATH="+strings.Join([]string{c.BinDir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}, ":"))
+		c.childEnv = append(c.run.Env, "PATH="+strings.Join([]string{c.BinDir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}, ":"))
 		return nil
 	}); err != nil {
 		return err
@@ -307,8 +303,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	for _, n := range c.Nodes {
-		c.Timings = append(c.Timings, Timing{Step: n.Name + " Ready", Duration: n.ReadyAfter})
-		c.logf("  %-38s %6.2fs", n.Name+" Ready", n.ReadyAfter.Seconds())
+		harness.Record(&c.Timings, c.opts.Logf, n.Name+" Ready", n.ReadyAfter)
 	}
 	if err := c.step("workloads Running", func() error { return c.applyWorkloads(ctx) }); err != nil {
 		return err
@@ -318,33 +313,7 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 	}
-	c.Timings = append(c.Timings, Timing{Step: "bring-up", Duration: time.Since(begin)})
-	c.logf("%-40s %6.2fs", "bring-up", time.Since(begin).Seconds())
-	return nil
-}
-
-func (c *Cluster) makeRunDir() error {
-	if c.opts.RunDir == "" {
-		dir, err := os.MkdirTemp("", "proxyshift-realcluster-")
-		if err != nil {
-			return err
-		}
-		c.RunDir, c.ownRun = dir, true
-	} else {
-		dir, err := filepath.Abs(c.opts.RunDir)
-		if err != nil {
-			return err
-		}
-		c.RunDir = dir
-	}
-	c.LogDir = filepath.Join(c.RunDir, "logs")
-	home := filepath.Join(c.RunDir, "home")
-	for _, d := range []string{c.LogDir, home} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	c.childEnv = []string{"HOME=" + home}
+	harness.Record(&c.Timings, c.opts.Logf, "bring-up", time.Since(begin))
 	return nil
 }
 
@@ -439,16 +408,8 @@ func (c *Cluster) close() error {
 		add(c.cp.Stop())
 	}
 	add(unmountUnder(c.RunDir))
-	c.mu.Lock()
-	nss := slices.Clone(c.namespaces)
-	c.namespaces = nil
-	c.mu.Unlock()
-	for i := len(nss) - 1; i >= 0; i-- {
-		add(nss[i].Delete())
-	}
-	if c.ownRun && !c.opts.KeepRunDir && c.RunDir != "" {
-		add(os.RemoveAll(c.RunDir))
-	}
+	add(c.namespaces.DeleteAll())
+	add(c.run.Remove(c.opts.KeepRunDir))
 	return errors.Join(errs...)
 }
 

@@ -122,13 +122,9 @@ func (c *Cluster) Leftovers() []string {
 			left = append(left, "mount "+m)
 		}
 	}
-	prefix := netlab.OwnedName(nsPrefix, fmt.Sprintf("%d-", c.seq))
-	if ents, err := os.ReadDir("/run/netns"); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), prefix) {
-				left = append(left, "network namespace "+e.Name())
-			}
-		}
+	names, _ := netlab.NamedWithPrefix(c.namespaces.Prefix())
+	for _, name := range names {
+		left = append(left, "network namespace "+name)
 	}
 	return left
 }

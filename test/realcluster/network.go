@@ -22,24 +22,9 @@ import (
 // 198.18.0.0/24 (gateway .1, control plane .2, node i at .10+i, the client
 // at .101), pods 198.18.64.0/18 (node i: 198.18.(64+i).0/24, its bridge
 // cni0 at .1), Services 198.19.0.0/16.
-var (
-	clientIP = netip.MustParseAddr("198.18.0.101")
-	anyRoute = netip.MustParsePrefix("0.0.0.0/0")
-)
+var clientIP = netip.MustParseAddr("198.18.0.101")
 
 const fabricBridge = "br-fabric"
-
-// newNS creates one of the cluster's namespaces and records it for Close.
-func (c *Cluster) newNS(role string) (*netlab.NetNS, error) {
-	ns, err := netlab.CreateNetNS(netlab.OwnedName(nsPrefix, fmt.Sprintf("%d-%s", c.seq, role)))
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	c.namespaces = append(c.namespaces, ns)
-	c.mu.Unlock()
-	return ns, nil
-}
 
 // buildNetwork creates the fabric, the control-plane namespace, the
 // nodes' namespaces and the client, with the routes between them: every
@@ -48,19 +33,16 @@ func (c *Cluster) newNS(role string) (*netlab.NetNS, error) {
 // without masquerading.
 func (c *Cluster) buildNetwork() error {
 	var err error
-	if c.Fabric, err = c.newNS("fabric"); err != nil {
+	if c.Fabric, err = c.namespaces.Create("fabric"); err != nil {
 		return err
 	}
 	if c.fabric, err = netlab.NewFabric(c.Fabric, fabricBridge, netip.PrefixFrom(cluster.FabricGateway, cluster.FabricCIDR.Bits())); err != nil {
 		return err
 	}
-	if c.ControlPlane, err = c.newNS("cp"); err != nil {
+	if c.ControlPlane, err = c.namespaces.Create("cp"); err != nil {
 		return err
 	}
-	if err := c.ControlPlane.SetSysctl("net/ipv4/ip_forward", "0"); err != nil {
-		return err
-	}
-	if err := c.fabric.Plug(c.ControlPlane, "cp", "eth0", cluster.APIServerIP); err != nil {
+	if err := c.fabric.AddServer(c.ControlPlane, "cp", "eth0", cluster.APIServerIP); err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	for i := 1; i <= c.opts.Nodes; i++ {
@@ -82,31 +64,24 @@ func (c *Cluster) buildNetwork() error {
 			}
 		}
 	}
-	if c.Client, err = c.newNS("client"); err != nil {
+	if c.Client, err = c.namespaces.Create("client"); err != nil {
 		return err
 	}
 	c.ClientIP = clientIP
-	for _, s := range []func() error{
-		func() error { return c.Client.SetSysctl("net/ipv4/ip_forward", "0") },
-		func() error { return c.Client.SetSysctl("net/ipv4/conf/all/accept_redirects", "0") },
-		func() error { return c.fabric.Plug(c.Client, "h1", "eth0", clientIP) },
-		func() error { return c.Client.AddRoute(anyRoute, c.Nodes[0].IP) },
-	} {
-		if err := s(); err != nil {
-			return fmt.Errorf("client: %w", err)
-		}
+	if err := c.fabric.AddHost(c.Client, "h1", "eth0", clientIP, c.Nodes[0].IP); err != nil {
+		return fmt.Errorf("client: %w", err)
 	}
 	return nil
 }
 
-// addNode creates node i's network namespace on the fabric: forwarding on,
-// no ICMP redirects (nodes and the client share one segment), the bridge
-// netfilter hook on so that a pod's packets crossing cni0 to a Service
-// answered on the same bridge pass through kube-proxy's rules (hairpin
-// and same-node ClusterIP traffic), default route to the fabric gateway.
+// addNode creates node i's network namespace, a router on the fabric
+// (netlab.Fabric.AddRouter), with the bridge netfilter hook on so that a
+// pod's packets crossing cni0 to a Service answered on the same bridge
+// pass through kube-proxy's rules (hairpin and same-node ClusterIP
+// traffic).
 func (c *Cluster) addNode(i int) (*Node, error) {
 	name := fmt.Sprintf("node-%d", i)
-	ns, err := c.newNS(name)
+	ns, err := c.namespaces.Create(name)
 	if err != nil {
 		return nil, err
 	}
@@ -120,22 +95,16 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	}
 	n.cfg = nodeConfig{
 		Name: name, IP: n.IP, PodCIDR: n.PodCIDR, Dir: n.Dir,
-		CgroupRoot:   "/" + netlab.OwnedName(cgroupPrefix, fmt.Sprintf("%d-%s", c.seq, name)),
+		CgroupRoot:   "/" + c.namespaces.Name(name),
 		ClientCAFile: c.pki.Path("ca.crt"),
 		PauseImage:   pauseImage,
 		Runc:         runc,
 	}
-	for _, s := range []func() error{
-		func() error { return ns.SetSysctl("net/ipv4/ip_forward", "1") },
-		func() error { return ns.SetSysctl("net/ipv4/conf/all/send_redirects", "0") },
-		func() error { return ns.SetSysctl("net/ipv4/conf/default/send_redirects", "0") },
-		func() error { return ns.SetSysctl("net/bridge/bridge-nf-call-iptables", "1") },
-		func() error { return c.fabric.Plug(ns, fmt.Sprintf("n%d", i), "eth0", n.IP) },
-		func() error { return ns.AddRoute(anyRoute, cluster.FabricGateway) },
-	} {
-		if err := s(); err != nil {
-			return nil, fmt.Errorf("node %s: %w", name, err)
-		}
+	if err := c.fabric.AddRouter(ns, fmt.Sprintf("n%d", i), "eth0", n.IP); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
+	}
+	if err := ns.SetSysctl("net/bridge/bridge-nf-call-iptables", "1"); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	return n, nil
 }

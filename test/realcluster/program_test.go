@@ -1,7 +1,6 @@
 package realcluster
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/proxyshift/proxyshift/test/cluster"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -45,71 +45,22 @@ func TestProgramCtrlCAndCrash(t *testing.T) {
 	initRE := regexp.MustCompile(`shell: nsenter -t (\d+) `)
 	launch := func() *run {
 		t.Helper()
-		cmd := exec.Command(bin, "-nodes", "1", "-no-workload")
-		cmd.Dir = cluster.RepoRoot()
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stderr := &strings.Builder{}
-		cmd.Stderr = stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		r := &run{cmd: cmd, prefix: fmt.Sprintf("%s%d-", nsPrefix, cmd.Process.Pid)}
-		lines := make(chan string)
-		go func() {
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
-		deadline := time.After(5 * time.Minute)
-		for ready := false; !ready; {
-			select {
-			case line, ok := <-lines:
-				if !ok {
-					_ = cmd.Wait()
-					t.Fatalf("the program ended before the cluster was up:\n%s", stderr.String())
-				}
-				if v, ok := strings.CutPrefix(line, "kubeconfig:"); ok {
-					r.kubeconfig = strings.TrimSpace(v)
-				}
-				if v, ok := strings.CutPrefix(line, "run dir:"); ok {
-					r.runDir = strings.TrimSpace(v)
-				}
-				if v, ok := strings.CutPrefix(line, "kubectl:"); ok {
-					r.kubectl, _, _ = strings.Cut(strings.TrimSpace(v), " ")
-				}
-				if m := initRE.FindStringSubmatch(line); m != nil {
-					r.nodeInit, _ = strconv.Atoi(m[1])
-				}
-				if strings.HasPrefix(line, "client:") {
-					ready = true
-				}
-			case <-deadline:
-				_ = cmd.Process.Kill()
-				t.Fatalf("no cluster within 5 minutes:\n%s", stderr.String())
+		p := harness.StartProgram(t, cluster.RepoRoot(), bin, []string{"-nodes", "1", "-no-workload"}, "client:", 5*time.Minute)
+		r := &run{cmd: p.Cmd, kubeconfig: p.Value("kubeconfig"), runDir: p.Value("run dir"),
+			prefix: fmt.Sprintf("%s%d-", nsPrefix, p.Cmd.Process.Pid)}
+		r.kubectl, _, _ = strings.Cut(p.Value("kubectl"), " ")
+		for _, l := range p.Lines {
+			if m := initRE.FindStringSubmatch(l); m != nil {
+				r.nodeInit, _ = strconv.Atoi(m[1])
 			}
 		}
-		go func() {
-			for range lines {
-			}
-		}()
 		if r.nodeInit == 0 {
-			t.Fatal("the summary names no node init")
+			t.Fatalf("the summary names no node init:\n%s", strings.Join(p.Lines, "\n"))
 		}
 		return r
 	}
 	owned := func(r *run) []string {
-		var left []string
-		ents, _ := os.ReadDir("/run/netns")
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), r.prefix) {
-				left = append(left, "netns "+e.Name())
-			}
-		}
+		left, _ := netlab.NamedWithPrefix(r.prefix)
 		for _, cg := range ownedCgroups(func(name string) bool { return strings.HasPrefix(name, r.prefix) }) {
 			left = append(left, "cgroup "+cg)
 		}

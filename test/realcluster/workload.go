@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/test/controlplane"
+	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -85,7 +86,7 @@ func (c *Cluster) applyWorkloads(ctx context.Context) error {
 				if p.Status.Phase == corev1.PodRunning && !running[key] {
 					running[key] = true
 					d := time.Since(seen[key])
-					c.Pods = append(c.Pods, Timing{Step: fmt.Sprintf("%s on %s", key, p.Spec.NodeName), Duration: d})
+					c.Pods = append(c.Pods, harness.Timing{Step: fmt.Sprintf("%s on %s", key, p.Spec.NodeName), Duration: d})
 					c.logf("  %-38s %6.2fs (%s)", key+" Running", d.Seconds(), p.Spec.NodeName)
 				}
 				if podReady(&p) {

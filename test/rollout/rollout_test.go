@@ -158,11 +158,11 @@ func TestConflictingConfigs(t *testing.T) {
 	w.rec.track("pa", a, 1)
 	w.rec.track("pb", b, 2)
 	pa := newConfig("pa", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	pa.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "a"}}
+	pa.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "a"}}
 	pb := newConfig("pb", v1alpha1.ModeIPVS, intstr.FromInt32(2))
 	// pb selects the b nodes and the shared one, which pa selects too.
-	pb.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []string{"b"}}}}
+	pb.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchExpressions: []v1alpha1.NodeSelectorRequirement{
+		{Key: "side", Operator: metav1.LabelSelectorOpIn, Values: []v1alpha1.LabelValue{"b"}}}}
 	for _, n := range append(b, "shared") {
 		w.labelNode(n, "side", "b")
 	}
@@ -292,22 +292,25 @@ func TestInvalidAndImpossibleSituations(t *testing.T) {
 	w.agents.set("silent", behavior{}) // its agent never reports
 	op := w.startOperator(opOptions{})
 
-	// A selector the API accepts but that does not parse.
-	bad := newConfig("bad-selector", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	bad.Spec.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "pool", Operator: metav1.LabelSelectorOpIn}}}
+	// A spec the API accepts but the operator cannot run: a zero node
+	// timeout. (A selector that does not parse no longer gets this far:
+	// the API server refuses it, see test/apiserver.)
+	bad := newConfig("bad-spec", v1alpha1.ModeNFTables, intstr.FromInt32(1))
+	bad.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "workers"}}
+	bad.Spec.Rollout.NodeTimeout = "0"
 	w.create(bad)
 	// A selector matching nothing.
 	none := newConfig("no-nodes", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	none.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "nope"}}
+	none.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "nope"}}
 	w.create(none)
 	// A node whose agent never reports: preflight waits, then fails.
 	silent := newConfig("silent", v1alpha1.ModeNFTables, intstr.FromInt32(1))
-	silent.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "silent"}}
+	silent.Spec.NodeSelector = &v1alpha1.NodeSelector{MatchLabels: map[string]v1alpha1.LabelValue{"pool": "silent"}}
 	silent.Spec.Rollout.NodeTimeout = "3s"
 	w.create(silent)
 
-	c := w.waitPhase("bad-selector", v1alpha1.RolloutFailed, 10*time.Second)
-	if d := cond(c, v1alpha1.ConditionDegraded); d.Reason != plan.ReasonInvalidSpec || !strings.Contains(d.Message, "spec.nodeSelector") {
+	c := w.waitPhase("bad-spec", v1alpha1.RolloutFailed, 10*time.Second)
+	if d := cond(c, v1alpha1.ConditionDegraded); d.Reason != plan.ReasonInvalidSpec || !strings.Contains(d.Message, "spec.rollout.nodeTimeout") {
 		t.Errorf("Degraded %+v", d)
 	}
 	c = w.waitPhase("no-nodes", v1alpha1.RolloutPending, 10*time.Second)
@@ -329,10 +332,8 @@ func TestInvalidAndImpossibleSituations(t *testing.T) {
 		t.Errorf("%d reconcile errors", e)
 	}
 	// Fixing the spec clears the condition.
-	w.edit("bad-selector", func(c *v1alpha1.ProxyConfig) {
-		c.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "workers"}}
-	})
-	c = w.waitPhase("bad-selector", v1alpha1.RolloutCompleted, 30*time.Second)
+	w.edit("bad-spec", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "1m" })
+	c = w.waitPhase("bad-spec", v1alpha1.RolloutCompleted, 30*time.Second)
 	if d := cond(c, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionFalse {
 		t.Errorf("Degraded %+v", d)
 	}

@@ -7,9 +7,9 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 
+	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -127,7 +127,7 @@ type ConflictError struct {
 
 // Error names the virtual services.
 func (e *ConflictError) Error() string {
-	return "ipvs: virtual services exist that are not proxyshift's, left alone and not programmed: " + strings.Join(e.Keys, ", ")
+	return fmt.Sprintf("ipvs: %d virtual services exist that are not proxyshift's, left alone and not programmed: %s", len(e.Keys), text.List(e.Keys, ", ", 10))
 }
 
 // Sync programs the model's families (those present in req.Model.Ports).
