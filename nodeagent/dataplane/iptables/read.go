@@ -84,15 +84,14 @@ func nftTable(netns nsexec.NS, f *family, name string, counts bool) (*savedTable
 	if f == ipv6 {
 		fam = nftables.TableFamilyIPv6
 	}
-	chains, err := nft.Chains(netns, fam, name)
-	if err != nil || len(chains) == 0 {
-		return nil, err
-	}
 	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
-	for _, c := range chains {
-		t.chains = append(t.chains, c.Name)
+	err := nft.EachChain(netns, fam, name, func(c string, base bool) {
+		t.chains = append(t.chains, c)
 		// A base chain iptables did not make is not one to read.
-		t.builtin[c.Name] = c.Base && builtinChains[c.Name]
+		t.builtin[c] = base && builtinChains[c]
+	})
+	if err != nil || len(t.chains) == 0 {
+		return nil, err
 	}
 	if !counts {
 		return t, nil

@@ -48,38 +48,32 @@ func OpenTable(netns nsexec.NS, fam nftables.TableFamily, name string) (*nftable
 	return conn, t, err
 }
 
-// ChainInfo is a chain as a dump lists it.
-type ChainInfo struct {
-	Name string
-	// Base says the chain is attached to a hook.
-	Base bool
-}
-
-// Chains lists the chains of table (family fam) in network namespace
-// netns, in the kernel's order; none when there is no such table.
-func Chains(netns nsexec.NS, fam nftables.TableFamily, table string) ([]ChainInfo, error) {
-	var out []ChainInfo
+// EachChain calls fn with each chain of table (family fam) in network
+// namespace netns, in the kernel's order: its name, and whether it is a
+// base chain (attached to a hook). fn is not called when there is no such
+// table.
+func EachChain(netns nsexec.NS, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
 	err := dump(netns, fam, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table, func(ad *netlink.AttributeDecoder) {
-		var t string
-		c := ChainInfo{}
+		var t, name string
+		base := false
 		for ad.Next() {
 			switch ad.Type() {
 			case unix.NFTA_CHAIN_TABLE:
 				t = ad.String()
 			case unix.NFTA_CHAIN_NAME:
-				c.Name = ad.String()
+				name = ad.String()
 			case unix.NFTA_CHAIN_HOOK:
-				c.Base = true
+				base = true
 			}
 		}
-		if t == table && c.Name != "" {
-			out = append(out, c)
+		if t == table && name != "" {
+			fn(name, base)
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nft: list the chains of %s: %w", table, err)
+		return fmt.Errorf("nft: list the chains of %s: %w", table, err)
 	}
-	return out, nil
+	return nil
 }
 
 // RuleCounts returns the number of rules in each chain of table (family
