@@ -13,6 +13,14 @@ var Modes = []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v
 // ValidMode says whether mode is one of Modes.
 func ValidMode(mode v1alpha1.ProxyMode) bool { return slices.Contains(Modes, mode) }
 
+// Targets are what a ProxyConfig or a ProxyNode may ask a node to run:
+// one of Modes, or kube-proxy (the node handed back to the cluster's
+// kube-proxy DaemonSet).
+var Targets = append(slices.Clone(Modes), v1alpha1.ModeKubeProxy)
+
+// ValidTarget says whether mode is one of Targets.
+func ValidTarget(mode v1alpha1.ProxyMode) bool { return slices.Contains(Targets, mode) }
+
 // The modules each mode needs, by what uses them. nf_tables, x_tables and
 // their expressions, matches and targets are separate modules in
 // distribution kernels; names are those of current kernels (kmod resolves

@@ -98,8 +98,8 @@ func TestCRDEnumsAreTheContract(t *testing.T) {
 				t.Errorf("%s: no field %s", c.file, f)
 			}
 			for _, s := range fields[f] {
-				if got := enum(s); !slices.Equal(got, strs(Modes)) {
-					t.Errorf("%s: %s accepts %v; the contract's modes are %v", c.file, f, got, Modes)
+				if got := enum(s); !slices.Equal(got, strs(Targets)) {
+					t.Errorf("%s: %s accepts %v; the contract's targets are %v", c.file, f, got, Targets)
 				}
 			}
 		}
@@ -116,8 +116,11 @@ func TestCRDEnumsAreTheContract(t *testing.T) {
 		}
 	}
 	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
-		if !ValidMode(m) {
+		if !ValidMode(m) || !ValidTarget(m) {
 			t.Errorf("the API's mode %s is not valid in the contract", m)
 		}
+	}
+	if ValidMode(v1alpha1.ModeKubeProxy) || !ValidTarget(v1alpha1.ModeKubeProxy) {
+		t.Errorf("kube-proxy must be a target and not one of proxyshift's modes")
 	}
 }

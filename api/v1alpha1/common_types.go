@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// ProxyMode is a service-proxy dataplane.
-// +kubebuilder:validation:Enum=iptables;nftables;ipvs
+// ProxyMode is a service proxy: one of proxyshift's dataplanes, or the
+// cluster's own kube-proxy DaemonSet.
+// +kubebuilder:validation:Enum=iptables;nftables;ipvs;kube-proxy
 type ProxyMode string
 
 // The dataplanes proxyshift can run a node in.
@@ -16,6 +17,12 @@ const (
 	ModeNFTables ProxyMode = "nftables"
 	ModeIPVS     ProxyMode = "ipvs"
 )
+
+// ModeKubeProxy is the cluster's kube-proxy: as a ProxyConfig's or a
+// ProxyNode's desired mode it hands the nodes back to kube-proxy's
+// DaemonSet; as a ProxyNode's active mode it says kube-proxy's rules serve
+// the node and proxyshift programs nothing there.
+const ModeKubeProxy ProxyMode = "kube-proxy"
 
 // Duration is a non-negative Go duration string such as "500ms", "30s" or
 // "1h30m". It is a string in the schema so that the API server can reject a

@@ -10,8 +10,11 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.iptables) || self.mode == 'iptables'",message="spec.iptables may only be set when spec.mode is iptables",fieldPath=".iptables"
 // +kubebuilder:validation:XValidation:rule="!has(self.nftables) || self.mode == 'nftables'",message="spec.nftables may only be set when spec.mode is nftables",fieldPath=".nftables"
 // +kubebuilder:validation:XValidation:rule="!has(self.ipvs) || self.mode == 'ipvs'",message="spec.ipvs may only be set when spec.mode is ipvs",fieldPath=".ipvs"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'kube-proxy' || (!has(self.clusterCIDRs) && !has(self.nodePortAddresses))",message="clusterCIDRs and nodePortAddresses cannot be set when spec.mode is kube-proxy: kube-proxy reads its settings from its own ConfigMap"
 type ProxyConfigSpec struct {
-	// Mode is the dataplane the selected nodes run: iptables, nftables or ipvs.
+	// Mode is what serves the selected nodes: one of proxyshift's
+	// dataplanes (iptables, nftables or ipvs), or kube-proxy to hand them
+	// back to the cluster's kube-proxy DaemonSet.
 	// +required
 	Mode ProxyMode `json:"mode"`
 

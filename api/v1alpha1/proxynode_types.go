@@ -27,10 +27,17 @@ type ProxyNodeSpec struct {
 	// Settings are the dataplane settings to run the mode with.
 	// +optional
 	Settings ProxySettings `json:"settings,omitempty"`
+
+	// KubeProxyStopped is the operator's word that kube-proxy no longer
+	// runs on this node: the node carries the label kube-proxy's
+	// DaemonSet excludes and no kube-proxy pod is left on it. Only then
+	// does the agent, taking the node over, remove kube-proxy's leftovers.
+	// +optional
+	KubeProxyStopped bool `json:"kubeProxyStopped,omitempty"`
 }
 
 // NodePhase is where a node stands in a mode switch.
-// +kubebuilder:validation:Enum=Idle;Preparing;Programming;Verifying;CleaningUp;Active;Failed
+// +kubebuilder:validation:Enum=Idle;Preparing;Programming;Verifying;WaitingForKubeProxy;CleaningUp;Active;Failed
 type NodePhase string
 
 // The phases of a node, in the order a switch walks them.
@@ -39,9 +46,14 @@ const (
 	NodePreparing   NodePhase = "Preparing"
 	NodeProgramming NodePhase = "Programming"
 	NodeVerifying   NodePhase = "Verifying"
-	NodeCleaningUp  NodePhase = "CleaningUp"
-	NodeActive      NodePhase = "Active"
-	NodeFailed      NodePhase = "Failed"
+	// NodeWaitingForKubeProxy: taking the node over, the new mode is
+	// programmed and verified and waits for kube-proxy's pod to leave
+	// before removing its leftovers; handing the node back, proxyshift
+	// keeps serving until kube-proxy's pod is back and has synced.
+	NodeWaitingForKubeProxy NodePhase = "WaitingForKubeProxy"
+	NodeCleaningUp          NodePhase = "CleaningUp"
+	NodeActive              NodePhase = "Active"
+	NodeFailed              NodePhase = "Failed"
 )
 
 // ModuleState is what the kernel says of a module.
@@ -145,9 +157,16 @@ type RuleCounts struct {
 
 // ProxyNodeStatus is what the agent reports. Only the agent writes it.
 type ProxyNodeStatus struct {
-	// ActiveMode is the mode that serves traffic now.
+	// ActiveMode is what serves traffic now: a proxyshift mode, or
+	// kube-proxy when only kube-proxy's rules are in the kernel.
 	// +optional
 	ActiveMode ProxyMode `json:"activeMode,omitempty"`
+
+	// KubeProxyMode is the mode of the kube-proxy objects the kernel
+	// holds (iptables, nftables or ipvs), whether kube-proxy runs or left
+	// them behind; empty when there are none.
+	// +optional
+	KubeProxyMode ProxyMode `json:"kubeProxyMode,omitempty"`
 
 	// Phase is where the node stands in a switch.
 	// +optional
@@ -188,6 +207,7 @@ type ProxyNodeStatus struct {
 // +kubebuilder:printcolumn:name="Desired",type=string,JSONPath=`.spec.desiredMode`
 // +kubebuilder:printcolumn:name="Active",type=string,JSONPath=`.status.activeMode`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Kube-Proxy",type=string,JSONPath=`.status.kubeProxyMode`
 // +kubebuilder:printcolumn:name="Rules",type=integer,JSONPath=`.status.counts.rules`
 // +kubebuilder:printcolumn:name="Last-Sync",type=date,JSONPath=`.status.lastSyncTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -82,8 +82,8 @@ type policy struct {
 func parsePolicy(cfg *v1alpha1.ProxyConfig) (policy, error) {
 	var pol policy
 	spec := &cfg.Spec
-	if !contract.ValidMode(spec.Mode) {
-		return pol, fmt.Errorf("spec.mode %q is not one of iptables, nftables, ipvs", spec.Mode)
+	if !contract.ValidTarget(spec.Mode) {
+		return pol, fmt.Errorf("spec.mode %q is not one of iptables, nftables, ipvs, kube-proxy", spec.Mode)
 	}
 	sel, err := Selector(cfg)
 	if err != nil {
