@@ -69,6 +69,9 @@ const (
 	// ReasonKubeProxyLeftovers: kube-proxy's leftovers could not be
 	// removed after a takeover (Degraded while the node serves).
 	ReasonKubeProxyLeftovers = "KubeProxyCleanupFailed"
+	// ReasonKubeProxyUnknown: the agent was asked to hand its node back
+	// to kube-proxy but does not look for kube-proxy on the node.
+	ReasonKubeProxyUnknown = "KubeProxyUnknown"
 )
 
 // Healthy applies the node health rule the operator reads an agent's

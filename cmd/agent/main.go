@@ -27,6 +27,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
+	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
@@ -38,7 +39,7 @@ func main() {
 	var (
 		kubeconfig        = flag.String("kubeconfig", "", "Path to a kubeconfig; in-cluster configuration when empty.")
 		nodeName          = flag.String("node-name", os.Getenv("NODE_NAME"), "Name of the node this agent proxies for (default $NODE_NAME).")
-		mode              = flag.String("mode", string(v1alpha1.ModeNFTables), "Dataplane to run when no ProxyNode asks for one (standalone runs, or spec.desiredMode empty).")
+		mode              = flag.String("mode", string(v1alpha1.ModeNFTables), "Dataplane to run when no ProxyNode asks for one: standalone, always; following a ProxyNode without spec.desiredMode, only on a node that nothing serves (no kube-proxy rules, no proxyshift mode in the kernel).")
 		followProxyNode   = flag.Bool("proxynode", true, "Follow this node's ProxyNode (spec.desiredMode and settings) and write its status; false runs standalone on --mode (no proxyshift CRDs needed).")
 		clusterCIDRs      = flag.String("cluster-cidr", "", "Comma-separated pod CIDRs; service traffic from outside them is masqueraded.")
 		nodePortAddresses = flag.String("nodeport-addresses", "", "Comma-separated CIDRs, or \"primary\", whose node addresses serve NodePorts; empty means all.")
@@ -51,7 +52,7 @@ func main() {
 		modulesDir        = flag.String("modules-dir", "", "Kernel modules directory (modules.dep, modules.builtin and the modules); /lib/modules/$(uname -r) when empty.")
 		procModules       = flag.String("proc-modules", "", "File listing the loaded modules; /proc/modules when empty.")
 		sysModule         = flag.String("sys-module", "", "sysfs module directory; /sys/module when empty.")
-		adoptKubeProxy    = flag.Bool("adopt-kube-proxy", false, "This node is taken over from kube-proxy (which must have stopped here): once the desired mode is programmed and verified, remove kube-proxy's leftovers (its KUBE-* chains in both iptables backends, its kube-proxy nftables tables, kube-ipvs0 and its IPVS services, its ipsets).")
+		kubeProxyMetrics  = flag.String("kube-proxy-metrics-url", kubeproxy.DefaultMetricsURL, "kube-proxy's metrics endpoint on this node (its metricsBindAddress): handing the node back, proxyshift keeps serving until it says kube-proxy has synced. Empty trusts kube-proxy's rules being in the kernel alone.")
 		doCleanup         = flag.Bool("cleanup", false, "Remove everything proxyshift owns from this node (both iptables backends, nftables, ipsets, dummy interface, IPVS services on it), print what was removed, and exit.")
 		netnsName         = flag.String("netns", "", "Testing only: program the network namespace /run/netns/NAME instead of the agent's own.")
 		stopAt            = flag.String("test-stop-at-phase", "", "Testing only: hang once a switch has done this phase's work (Preparing, Programming, Verifying, CleaningUp).")
@@ -69,18 +70,18 @@ func main() {
 	flag.Parse()
 
 	opts := agent.Options{
-		NodeName:          *nodeName,
-		Mode:              v1alpha1.ProxyMode(*mode),
-		NodePortAddresses: splitList(*nodePortAddresses),
-		MasqueradeAll:     *masqueradeAll,
-		MasqueradeBit:     *masqueradeBit,
-		MinSyncPeriod:     *minSyncPeriod,
-		SyncPeriod:        *syncPeriod,
-		MetricsAddr:       *metricsAddr,
-		HealthzAddr:       *healthzAddr,
-		AdoptKubeProxy:    *adoptKubeProxy,
-		TestStopAtPhase:   v1alpha1.NodePhase(*stopAt),
-		TestFailVerify:    *failVerify,
+		NodeName:            *nodeName,
+		Mode:                v1alpha1.ProxyMode(*mode),
+		NodePortAddresses:   splitList(*nodePortAddresses),
+		MasqueradeAll:       *masqueradeAll,
+		MasqueradeBit:       *masqueradeBit,
+		MinSyncPeriod:       *minSyncPeriod,
+		SyncPeriod:          *syncPeriod,
+		MetricsAddr:         *metricsAddr,
+		HealthzAddr:         *healthzAddr,
+		KubeProxyMetricsURL: *kubeProxyMetrics,
+		TestStopAtPhase:     v1alpha1.NodePhase(*stopAt),
+		TestFailVerify:      *failVerify,
 	}
 	opts.Kernel.ModulesDir, opts.Kernel.ProcModules, opts.Kernel.SysModule = *modulesDir, *procModules, *sysModule
 	if *netnsName != "" {

@@ -32,10 +32,10 @@ import (
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
-	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
+	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/nodeagent/probe"
@@ -81,10 +81,11 @@ type Options struct {
 	// Kernel is where kernel modules are probed and loaded from (zero:
 	// the running kernel's /proc/modules, /lib/modules, /sys/module).
 	Kernel kmod.Kernel
-	// AdoptKubeProxy removes kube-proxy's leftovers once the desired mode
-	// is programmed and verified: set it only on nodes taken over from
-	// kube-proxy, after kube-proxy stopped there.
-	AdoptKubeProxy bool
+	// KubeProxyMetricsURL is kube-proxy's metrics endpoint on the node
+	// (kubeproxy.DefaultMetricsURL); handing the node back, the agent
+	// keeps serving until it says kube-proxy synced. Empty trusts
+	// kube-proxy's rules being in the kernel alone.
+	KubeProxyMetricsURL string
 	// SyncGrace is how long the informers' first list may take before
 	// the agent reports itself Degraded (default 15s); it waits for them
 	// however long it takes.
@@ -224,10 +225,6 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 			klog.V(2).InfoS("Deleted stale UDP conntrack entries", "count", n)
 		}
 	})
-	var kubeProxy switcher.KubeProxy
-	if opts.AdoptKubeProxy {
-		kubeProxy = &kubeProxyLeftovers{s: &cleanup.Sweeper{NS: ns}}
-	}
 	phases := newPhaseReporter(reporter)
 	sw := switcher.New(switcher.Config{
 		Fanout:     fanout,
@@ -236,7 +233,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		Prepare:    gatherer,
 		Prober:     &probe.Prober{NS: ns, Attempts: 2},
 		NodeIPs:    a.probeIPs,
-		KubeProxy:  kubeProxy,
+		KubeProxy:  &kubeproxy.Node{NS: ns, MetricsURL: opts.KubeProxyMetricsURL},
 		Report:     phases,
 		StopAt:     opts.TestStopAtPhase,
 		FailVerify: opts.TestFailVerify,
@@ -307,17 +304,6 @@ func (w *servingWatch) synced(p switcher.PrimarySync) {
 	case w.kick <- struct{}{}:
 	default:
 	}
-}
-
-// kubeProxyLeftovers is kube-proxy's leftovers for adoption.
-type kubeProxyLeftovers struct{ s *cleanup.Sweeper }
-
-func (k *kubeProxyLeftovers) Present(ctx context.Context) (bool, error) {
-	return k.s.Present(ctx, cleanup.KubeProxy)
-}
-
-func (k *kubeProxyLeftovers) Cleanup(ctx context.Context) ([]string, error) {
-	return k.s.Remove(ctx, cleanup.KubeProxy)
 }
 
 // wireTracker feeds Service and EndpointSlice events into the tracker.

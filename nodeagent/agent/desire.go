@@ -80,13 +80,17 @@ func (a *agentState) proxyNode() *v1alpha1.ProxyNode {
 func (a *agentState) resolve() error {
 	o := a.opts
 	mode := o.Mode
+	// Following a ProxyNode, --mode is only for a node nothing serves.
+	byFlag := a.pnStore != nil && mode != ""
 	var settings v1alpha1.ProxySettings
 	var gen int64
 	var ref *v1alpha1.ConfigReference
+	stopped := false
 	if pn := a.proxyNode(); pn != nil {
 		gen, ref = pn.Generation, pn.Spec.ConfigRef.DeepCopy()
+		stopped = pn.Spec.KubeProxyStopped
 		if pn.Spec.DesiredMode != "" {
-			mode = pn.Spec.DesiredMode
+			mode, byFlag = pn.Spec.DesiredMode, false
 			settings = *pn.Spec.Settings.DeepCopy()
 		}
 	}
@@ -138,6 +142,7 @@ func (a *agentState) resolve() error {
 	d := switcher.Desire{
 		Mode: mode, Key: string(key), Scheduler: s.Scheduler, Config: ref, Generation: gen,
 		Held: a.held && gen == a.heldGen, Resume: a.resume,
+		KubeProxyStopped: stopped, Default: byFlag,
 	}
 	if d.Held {
 		d.HeldReason, d.HeldMessage = a.heldReason, a.heldMessage

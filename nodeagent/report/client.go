@@ -9,6 +9,7 @@ package report
 import (
 	"context"
 	"encoding/json"
+	jsonpatch "github.com/evanphx/json-patch/v5"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,11 +51,24 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	return &Client{rc: rc}, nil
 }
 
-// PatchStatus merge-patches the status subresource.
-func (c *Client) PatchStatus(ctx context.Context, name string, status *v1alpha1.ProxyNodeStatus) error {
+// PatchStatus merge-patches the status subresource from prev (what the
+// API server is believed to hold; nil if nothing) to status. A field
+// status no longer has is sent as null, so it is cleared: a plain merge
+// patch of the new status would leave it as it was (the fields are
+// omitempty).
+func (c *Client) PatchStatus(ctx context.Context, name string, prev, status *v1alpha1.ProxyNodeStatus) error {
 	body, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
 		return err
+	}
+	if prev != nil {
+		old, err := json.Marshal(map[string]any{"status": prev})
+		if err != nil {
+			return err
+		}
+		if body, err = jsonpatch.CreateMergePatch(old, body); err != nil {
+			return err
+		}
 	}
 	return c.rc.Patch(types.MergePatchType).Resource("proxynodes").Name(name).SubResource("status").Body(body).Do(ctx).Error()
 }

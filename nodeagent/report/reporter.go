@@ -35,6 +35,9 @@ type Switch struct {
 	Generation int64
 	// Reason and Message say why the switch failed (Phase Failed).
 	Reason, Message string
+	// KubeProxyMode is the mode of kube-proxy's objects in the kernel
+	// ("" none).
+	KubeProxyMode v1alpha1.ProxyMode
 	// Warning, if set, makes Degraded true with this reason and message
 	// although the switch succeeded (kube-proxy's leftovers could not be
 	// removed).
@@ -175,6 +178,7 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 	if sw.Phase != "" {
 		st.Phase = sw.Phase
 		st.ActiveMode = sw.Active
+		st.KubeProxyMode = sw.KubeProxyMode
 		if sw.Phase == v1alpha1.NodeActive || sw.Phase == v1alpha1.NodeFailed {
 			st.ObservedConfig = sw.Config.DeepCopy()
 		}
@@ -226,6 +230,16 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 	case v1alpha1.NodeIdle:
 		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonNoMode
 		ready.Message = "no mode is desired (spec.desiredMode is empty) and none is programmed"
+		if sw.Active == v1alpha1.ModeKubeProxy {
+			ready.Message = fmt.Sprintf("kube-proxy serves this node (its %s rules are in the kernel); no mode is desired of proxyshift (spec.desiredMode is empty)", sw.KubeProxyMode)
+		}
+	case v1alpha1.NodeWaitingForKubeProxy:
+		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSwitching
+		if sw.Target == v1alpha1.ModeKubeProxy {
+			ready.Message = fmt.Sprintf("handing the node back: %s keeps serving until kube-proxy's pod is back on the node and has synced its rules", sw.Active)
+		} else {
+			ready.Message = fmt.Sprintf("taking the node over: %s is programmed and verified; waiting for kube-proxy's pod to leave the node before removing its rules", sw.Target)
+		}
 	default:
 		ready.Status, ready.Reason = metav1.ConditionFalse, contract.ReasonSwitching
 		from := string(sw.Active)
@@ -300,6 +314,10 @@ func (r *Reporter) write(ctx context.Context, force bool) error {
 	r.mu.Lock()
 	st := r.build()
 	written := r.written
+	prev := written
+	if prev == nil {
+		prev = r.base
+	}
 	due := force || time.Since(r.lastAt) >= r.SyncEvery
 	r.mu.Unlock()
 	if written != nil {
@@ -310,7 +328,7 @@ func (r *Reporter) write(ctx context.Context, force bool) error {
 			return nil
 		}
 	}
-	if err := r.c.PatchStatus(ctx, r.node, &st); err != nil {
+	if err := r.c.PatchStatus(ctx, r.node, prev, &st); err != nil {
 		return err
 	}
 	r.mu.Lock()

@@ -23,8 +23,11 @@ const (
 	// Verify compares what the kernel holds with the model and probes
 	// services from the node.
 	Verify Action = "Verify"
-	// CleanUp removes the modes in Step.Remove (and kube-proxy's
-	// leftovers when Step.AdoptKubeProxy).
+	// AwaitKubeProxy waits, handing a node back, until kube-proxy's pod
+	// is back on the node and has synced its rules.
+	AwaitKubeProxy Action = "AwaitKubeProxy"
+	// CleanUp removes the modes in Step.Remove (kube-proxy's leftovers
+	// when it is among them).
 	CleanUp Action = "CleanUp"
 	// Rollback leaves Step.Restore serving and removes the target.
 	Rollback Action = "Rollback"
@@ -44,12 +47,14 @@ type State struct {
 
 // Input is what the world says at a decision point.
 type Input struct {
-	// Desired is the mode asked for ("" when nothing is).
+	// Desired is the mode asked for ("" when nothing is);
+	// v1alpha1.ModeKubeProxy hands the node back to kube-proxy.
 	Desired v1alpha1.ProxyMode
 	// Reconfigure says the desired settings differ from those the
 	// serving instance of Desired runs with.
 	Reconfigure bool
-	// Present are the modes whose objects the kernel holds.
+	// Present are the modes whose objects the kernel holds;
+	// v1alpha1.ModeKubeProxy stands for kube-proxy's, in whatever mode.
 	Present []v1alpha1.ProxyMode
 	// Held says the switch to Desired already failed for this spec: it is
 	// not tried again until the spec changes.
@@ -58,10 +63,11 @@ type Input struct {
 	// switch (its last reported phase): the switch is finished properly
 	// even if only the desired mode is left in the kernel.
 	Resume bool
-	// KubeProxy says kube-proxy's leftovers are present and this node is
-	// being adopted from kube-proxy: a switch removes them once the
-	// desired mode is verified.
-	KubeProxy bool
+	// KubeProxyStopped says kube-proxy's pod has left the node for good
+	// (the operator's word): its objects, if present, are leftovers that
+	// a switch removes once the desired mode is verified, and nothing can
+	// hand the node back to them.
+	KubeProxyStopped bool
 }
 
 // Result is the outcome of the last step.
@@ -87,8 +93,6 @@ type Step struct {
 	// them was ahead of Mode in netfilter's hook order, so Mode is only
 	// proven to carry traffic afterwards (CleanUp probes again).
 	Cutover bool
-	// AdoptKubeProxy says CleanUp also removes kube-proxy's leftovers.
-	AdoptKubeProxy bool
 	// Restore is the mode Rollback leaves serving ("" none: Mode stays,
 	// as nothing else could serve).
 	Restore v1alpha1.ProxyMode
@@ -99,16 +103,38 @@ type Step struct {
 // serves when several are programmed. nftables' nat chains are at
 // priority -110 (dstnat-10), ahead of iptables' nat table at -100 (legacy
 // or nft), and both translate at prerouting/output, ahead of IPVS, which
-// takes connections only at the input hook.
+// takes connections only at the input hook. kube-proxy translates at -100
+// in any of its modes that matter here (its iptables mode in either
+// backend, its nftables mode at dstnat; its IPVS mode cannot share a
+// Service address with proxyshift's): behind proxyshift's nftables, level
+// with proxyshift's iptables, where the order of the jumps in the same
+// built-in chain, or of two backends' hooks, decides. It ranks just
+// behind iptables, so proxyshift's iptables is taken to serve, but Ahead
+// never says which of the two wins (see contested).
 var rank = map[v1alpha1.ProxyMode]int{
-	v1alpha1.ModeNFTables: 0,
-	v1alpha1.ModeIPTables: 1,
-	v1alpha1.ModeIPVS:     2,
+	v1alpha1.ModeNFTables:  0,
+	v1alpha1.ModeIPTables:  2,
+	v1alpha1.ModeKubeProxy: 3,
+	v1alpha1.ModeIPVS:      4,
+}
+
+// contested says whether neither of a and b is known to take new
+// connections first.
+func contested(a, b v1alpha1.ProxyMode) bool {
+	pair := func(x, y v1alpha1.ProxyMode) bool { return a == x && b == y || a == y && b == x }
+	return pair(v1alpha1.ModeIPTables, v1alpha1.ModeKubeProxy)
 }
 
 // Ahead says whether mode a takes new connections before mode b when both
-// are programmed.
-func Ahead(a, b v1alpha1.ProxyMode) bool { return rank[a] < rank[b] }
+// are programmed (false when that is contested).
+func Ahead(a, b v1alpha1.ProxyMode) bool { return rank[a] < rank[b] && !contested(a, b) }
+
+// cutover says whether removing remove may move new connections to
+// target: one of them is, or may be, ahead of it, so target is only proven
+// to carry traffic once they are gone.
+func cutover(target v1alpha1.ProxyMode, remove []v1alpha1.ProxyMode) bool {
+	return slices.ContainsFunc(remove, func(m v1alpha1.ProxyMode) bool { return !Ahead(target, m) })
+}
 
 // Serving is the mode that takes new connections among present: the one
 // ahead of the others; "" when none is present.
@@ -124,7 +150,7 @@ func Serving(present []v1alpha1.ProxyMode) v1alpha1.ProxyMode {
 
 func switching(p v1alpha1.NodePhase) bool {
 	switch p {
-	case v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeCleaningUp:
+	case v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeWaitingForKubeProxy, v1alpha1.NodeCleaningUp:
 		return true
 	}
 	return false
@@ -168,33 +194,48 @@ func Next(s State, in Input, r Result) (State, Step) {
 	if switching(s.Phase) {
 		if r == Failed {
 			restore := s.Previous
+			if restore == v1alpha1.ModeKubeProxy && (in.KubeProxyStopped || !slices.Contains(present, restore)) {
+				// kube-proxy's rules are gone, or stale with no
+				// kube-proxy to update them: the target keeps serving.
+				restore = ""
+			}
 			next := State{Phase: v1alpha1.NodeFailed, Target: restore}
 			if restore == "" {
 				next.Target = s.Target
 			}
 			return next, Step{Action: Rollback, Mode: s.Target, Restore: restore}
 		}
-		if r == Succeeded && in.Desired != "" && in.Desired != s.Target {
+		if (r == Succeeded || s.Phase == v1alpha1.NodeWaitingForKubeProxy) && in.Desired != "" && in.Desired != s.Target {
 			return start(in, present, s.Previous)
+		}
+		if r == None && s.Phase == v1alpha1.NodeWaitingForKubeProxy && s.Target != v1alpha1.ModeKubeProxy {
+			// Taking over, waiting for the operator's word that
+			// kube-proxy left: look again.
+			r = Succeeded
 		}
 		if r == Succeeded {
 			switch s.Phase {
 			case v1alpha1.NodePreparing:
+				if s.Target == v1alpha1.ModeKubeProxy {
+					// Handing back: nothing to program; kube-proxy's pod
+					// returns (the operator sees to it) and syncs.
+					s.Phase = v1alpha1.NodeWaitingForKubeProxy
+					return s, Step{Action: AwaitKubeProxy, Mode: s.Target}
+				}
 				s.Phase = v1alpha1.NodeProgramming
 				return s, Step{Action: Program, Mode: s.Target}
 			case v1alpha1.NodeProgramming:
 				s.Phase = v1alpha1.NodeVerifying
 				return s, Step{Action: Verify, Mode: s.Target}
-			case v1alpha1.NodeVerifying:
-				s.Phase = v1alpha1.NodeCleaningUp
-				remove := without(present, s.Target)
-				cutover := false
-				for _, m := range remove {
-					if Ahead(m, s.Target) {
-						cutover = true
-					}
+			case v1alpha1.NodeVerifying, v1alpha1.NodeWaitingForKubeProxy:
+				if s.Target != v1alpha1.ModeKubeProxy && slices.Contains(present, v1alpha1.ModeKubeProxy) && !in.KubeProxyStopped {
+					// Taking over: the target serves; kube-proxy must
+					// leave before its objects can go.
+					s.Phase = v1alpha1.NodeWaitingForKubeProxy
+					return s, Step{Action: Wait, Mode: s.Target}
 				}
-				return s, Step{Action: CleanUp, Mode: s.Target, Remove: remove, Cutover: cutover, AdoptKubeProxy: in.KubeProxy}
+				s.Phase = v1alpha1.NodeCleaningUp
+				return s, stepFor(s, present, in)
 			case v1alpha1.NodeCleaningUp:
 				return State{Phase: v1alpha1.NodeActive, Target: s.Target}, Step{Action: Serve, Mode: s.Target}
 			}
@@ -206,8 +247,21 @@ func Next(s State, in Input, r Result) (State, Step) {
 
 	if in.Desired == "" {
 		if s.Phase == "" {
-			if m := Serving(present); m != "" {
+			switch m := Serving(present); m {
+			case "":
+				return State{Phase: v1alpha1.NodeIdle}, Step{Action: Wait}
+			case v1alpha1.ModeKubeProxy:
+				// Installing changes nothing: kube-proxy serves.
+				return State{Phase: v1alpha1.NodeIdle, Target: m}, Step{Action: Wait}
+			default:
 				return State{Phase: v1alpha1.NodeActive, Target: m}, Step{Action: Serve, Mode: m}
+			}
+		}
+		if s.Phase == v1alpha1.NodeIdle {
+			// Nothing of proxyshift's serves: follow what kube-proxy's
+			// objects in the kernel say.
+			if slices.Contains(present, v1alpha1.ModeKubeProxy) {
+				return State{Phase: v1alpha1.NodeIdle, Target: v1alpha1.ModeKubeProxy}, Step{Action: Wait}
 			}
 			return State{Phase: v1alpha1.NodeIdle}, Step{Action: Wait}
 		}
@@ -238,7 +292,7 @@ func Next(s State, in Input, r Result) (State, Step) {
 	}
 
 	only := len(present) == 1 && present[0] == in.Desired
-	if only && !in.Reconfigure && !in.KubeProxy && !(s.Phase == "" && in.Resume) {
+	if only && !in.Reconfigure && !(s.Phase == "" && in.Resume) {
 		return State{Phase: v1alpha1.NodeActive, Target: in.Desired}, Step{Action: Serve, Mode: in.Desired}
 	}
 	var prev v1alpha1.ProxyMode
@@ -253,6 +307,11 @@ func Next(s State, in Input, r Result) (State, Step) {
 // others, or else the desired mode itself if it is present (a failure
 // then keeps it, with the settings it had).
 func start(in Input, present []v1alpha1.ProxyMode, prev v1alpha1.ProxyMode) (State, Step) {
+	if in.Desired == v1alpha1.ModeKubeProxy && prev == in.Desired {
+		// Handing back in the middle of a takeover: what serves is
+		// the mode proxyshift programmed.
+		prev = ""
+	}
 	if prev == "" || !slices.Contains(present, prev) {
 		prev = Serving(without(present, in.Desired))
 		if prev == "" && slices.Contains(present, in.Desired) {
@@ -271,13 +330,18 @@ func stepFor(s State, present []v1alpha1.ProxyMode, in Input) Step {
 		return Step{Action: Program, Mode: s.Target}
 	case v1alpha1.NodeVerifying:
 		return Step{Action: Verify, Mode: s.Target}
+	case v1alpha1.NodeWaitingForKubeProxy:
+		if s.Target == v1alpha1.ModeKubeProxy {
+			return Step{Action: AwaitKubeProxy, Mode: s.Target}
+		}
+		return Step{Action: Wait, Mode: s.Target}
 	case v1alpha1.NodeCleaningUp:
 		remove := without(present, s.Target)
-		cutover := false
-		for _, m := range remove {
-			cutover = cutover || Ahead(m, s.Target)
+		if !in.KubeProxyStopped {
+			// kube-proxy's objects go only once it has left the node.
+			remove = without(remove, v1alpha1.ModeKubeProxy)
 		}
-		return Step{Action: CleanUp, Mode: s.Target, Remove: remove, Cutover: cutover, AdoptKubeProxy: in.KubeProxy}
+		return Step{Action: CleanUp, Mode: s.Target, Remove: remove, Cutover: cutover(s.Target, remove)}
 	}
 	return Step{Action: Wait}
 }

@@ -12,6 +12,7 @@ const (
 	ipt  = v1alpha1.ModeIPTables
 	nft  = v1alpha1.ModeNFTables
 	ipvs = v1alpha1.ModeIPVS
+	kp   = v1alpha1.ModeKubeProxy
 )
 
 var allModes = []v1alpha1.ProxyMode{ipt, nft, ipvs}
@@ -87,10 +88,99 @@ func TestNext(t *testing.T) {
 			wantStep: Step{Action: Prepare, Mode: nft},
 		},
 		{
-			name:     "adoption with kube-proxy leftovers switches even if the mode is programmed",
-			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft}, KubeProxy: true},
-			want:     State{Phase: v1alpha1.NodePreparing, Target: nft, Previous: nft},
+			name:     "kube-proxy's leftovers beside the desired mode: a switch removes them",
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, KubeProxyStopped: true},
+			want:     State{Phase: v1alpha1.NodePreparing, Target: nft, Previous: kp},
 			wantStep: Step{Action: Prepare, Mode: nft},
+		},
+		{
+			name:     "installing changes nothing: kube-proxy serves, the agent idles",
+			in:       Input{Present: []v1alpha1.ProxyMode{kp}},
+			want:     State{Phase: v1alpha1.NodeIdle, Target: kp},
+			wantStep: Step{Action: Wait},
+		},
+		{
+			name:     "idle node follows kube-proxy's objects going",
+			s:        State{Phase: v1alpha1.NodeIdle, Target: kp},
+			want:     State{Phase: v1alpha1.NodeIdle},
+			wantStep: Step{Action: Wait},
+		},
+		{
+			name:     "takeover: verified, kube-proxy still runs: wait for it to leave",
+			s:        State{Phase: v1alpha1.NodeVerifying, Target: nft, Previous: kp},
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}},
+			r:        Succeeded,
+			want:     State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: nft, Previous: kp},
+			wantStep: Step{Action: Wait, Mode: nft},
+		},
+		{
+			name:     "takeover: still waiting while kube-proxy runs",
+			s:        State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: nft, Previous: kp},
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}},
+			want:     State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: nft, Previous: kp},
+			wantStep: Step{Action: Wait, Mode: nft},
+		},
+		{
+			name:     "takeover: kube-proxy left: its leftovers go, no cutover behind nftables",
+			s:        State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: nft, Previous: kp},
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, KubeProxyStopped: true},
+			want:     State{Phase: v1alpha1.NodeCleaningUp, Target: nft, Previous: kp},
+			wantStep: Step{Action: CleanUp, Mode: nft, Remove: []v1alpha1.ProxyMode{kp}},
+		},
+		{
+			name:     "takeover into iptables: kube-proxy's jumps may be first, so removing them is the cutover",
+			s:        State{Phase: v1alpha1.NodeVerifying, Target: ipt, Previous: kp},
+			in:       Input{Desired: ipt, Present: []v1alpha1.ProxyMode{ipt, kp}, KubeProxyStopped: true},
+			r:        Succeeded,
+			want:     State{Phase: v1alpha1.NodeCleaningUp, Target: ipt, Previous: kp},
+			wantStep: Step{Action: CleanUp, Mode: ipt, Remove: []v1alpha1.ProxyMode{kp}, Cutover: true},
+		},
+		{
+			name:     "takeover rolled back while waiting: hand the node back",
+			s:        State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: nft, Previous: kp},
+			in:       Input{Desired: kp, Present: []v1alpha1.ProxyMode{nft, kp}},
+			want:     State{Phase: v1alpha1.NodePreparing, Target: kp, Previous: nft},
+			wantStep: Step{Action: Prepare, Mode: kp},
+		},
+		{
+			name:     "takeover fails before kube-proxy left: kube-proxy's rules serve again",
+			s:        State{Phase: v1alpha1.NodeVerifying, Target: nft, Previous: kp},
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}},
+			r:        Failed,
+			want:     State{Phase: v1alpha1.NodeFailed, Target: kp},
+			wantStep: Step{Action: Rollback, Mode: nft, Restore: kp},
+		},
+		{
+			name:     "takeover fails after kube-proxy left: the target keeps serving",
+			s:        State{Phase: v1alpha1.NodeCleaningUp, Target: ipt, Previous: kp},
+			in:       Input{Desired: ipt, Present: []v1alpha1.ProxyMode{ipt}, KubeProxyStopped: true},
+			r:        Failed,
+			want:     State{Phase: v1alpha1.NodeFailed, Target: ipt},
+			wantStep: Step{Action: Rollback, Mode: ipt},
+		},
+		{
+			name:     "hand-back: prepared, wait for kube-proxy to serve",
+			s:        State{Phase: v1alpha1.NodePreparing, Target: kp, Previous: nft},
+			in:       Input{Desired: kp, Present: []v1alpha1.ProxyMode{nft}},
+			r:        Succeeded,
+			want:     State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: kp, Previous: nft},
+			wantStep: Step{Action: AwaitKubeProxy, Mode: kp},
+		},
+		{
+			name:     "hand-back: kube-proxy serves: removing proxyshift's rules is the cutover",
+			s:        State{Phase: v1alpha1.NodeWaitingForKubeProxy, Target: kp, Previous: ipt},
+			in:       Input{Desired: kp, Present: []v1alpha1.ProxyMode{ipt, kp}},
+			r:        Succeeded,
+			want:     State{Phase: v1alpha1.NodeCleaningUp, Target: kp, Previous: ipt},
+			wantStep: Step{Action: CleanUp, Mode: kp, Remove: []v1alpha1.ProxyMode{ipt}, Cutover: true},
+		},
+		{
+			name:     "hand-back fails: proxyshift's mode is programmed again",
+			s:        State{Phase: v1alpha1.NodeCleaningUp, Target: kp, Previous: nft},
+			in:       Input{Desired: kp, Present: []v1alpha1.ProxyMode{kp}},
+			r:        Failed,
+			want:     State{Phase: v1alpha1.NodeFailed, Target: nft},
+			wantStep: Step{Action: Rollback, Mode: kp, Restore: nft},
 		},
 		{
 			name:     "verified target ahead of the old one: cleanup without cutover",
@@ -103,10 +193,10 @@ func TestNext(t *testing.T) {
 		{
 			name:     "verified target behind the old one: cleanup is the cutover",
 			s:        State{Phase: v1alpha1.NodeVerifying, Target: ipt, Previous: nft},
-			in:       Input{Desired: ipt, Present: []v1alpha1.ProxyMode{ipt, nft}, KubeProxy: true},
+			in:       Input{Desired: ipt, Present: []v1alpha1.ProxyMode{ipt, nft}},
 			r:        Succeeded,
 			want:     State{Phase: v1alpha1.NodeCleaningUp, Target: ipt, Previous: nft},
-			wantStep: Step{Action: CleanUp, Mode: ipt, Remove: []v1alpha1.ProxyMode{nft}, Cutover: true, AdoptKubeProxy: true},
+			wantStep: Step{Action: CleanUp, Mode: ipt, Remove: []v1alpha1.ProxyMode{nft}, Cutover: true},
 		},
 		{
 			name:     "failed verification rolls back to the previous mode",
@@ -335,4 +425,98 @@ func orNone[S ~string](s S) string {
 		return "none"
 	}
 	return string(s)
+}
+
+// kubeProxyWorld is the fake kernel of world with kube-proxy's pod beside
+// it, and the operator's part: the pod leaves once the agent, taking the
+// node over, waits for it (the operator labels the node), and returns
+// once the node is to be handed back; spec.kubeProxyStopped follows the
+// pod.
+type kubeProxyWorld struct {
+	world
+	podRuns bool
+}
+
+func (w *kubeProxyWorld) input(desired v1alpha1.ProxyMode, resume bool) Input {
+	return Input{Desired: desired, Present: slices.Clone(w.present), KubeProxyStopped: !w.podRuns, Resume: resume}
+}
+
+// apply carries a step out; it fails the test if kube-proxy's objects
+// are removed while its pod runs, or if the node is ever left with
+// nothing serving.
+func (w *kubeProxyWorld) apply(t *testing.T, st State, step Step, desired v1alpha1.ProxyMode) Result {
+	t.Helper()
+	if desired == kp {
+		w.podRuns = true // the operator removed the label
+	} else if st.Phase == v1alpha1.NodeWaitingForKubeProxy {
+		w.podRuns = false // the operator labelled the node; the pod left
+	}
+	if w.podRuns {
+		w.add(kp) // a running kube-proxy keeps its rules
+	}
+	if step.Action == CleanUp && slices.Contains(step.Remove, kp) && w.podRuns {
+		t.Fatalf("kube-proxy's objects removed while its pod runs: %v", w.log)
+	}
+	if step.Action == AwaitKubeProxy {
+		w.log = append(w.log, fmt.Sprintf("%s:%s", st.Phase, step.Action))
+		return Succeeded
+	}
+	return w.world.apply(st, step, "")
+}
+
+// run drives Next until it serves or waits with nothing to wait for.
+func (w *kubeProxyWorld) run(t *testing.T, s State, desired v1alpha1.ProxyMode, resume bool, stopAfter v1alpha1.NodePhase) (State, bool) {
+	t.Helper()
+	r := None
+	for range 40 {
+		var step Step
+		s, step = Next(s, w.input(desired, resume), r)
+		r = w.apply(t, s, step, desired)
+		if s.Phase == stopAfter && Switching(s.Phase) {
+			return s, true
+		}
+		if step.Action == Serve || step.Action == Wait && s.Phase != v1alpha1.NodeWaitingForKubeProxy {
+			return s, false
+		}
+	}
+	t.Fatalf("no steady state after 40 steps: %v", w.log)
+	return s, false
+}
+
+// TestTakeoverAndHandBackFromEveryCrashPoint takes a node served by
+// kube-proxy over into each mode and hands it back, killing the agent
+// after each phase and restarting it from what the kernel holds: it ends
+// with the target alone, kube-proxy's objects removed only after its pod
+// left, and something serving at every step.
+func TestTakeoverAndHandBackFromEveryCrashPoint(t *testing.T) {
+	phases := []v1alpha1.NodePhase{"", v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeWaitingForKubeProxy, v1alpha1.NodeCleaningUp}
+	for _, mode := range allModes {
+		for _, crash := range phases {
+			t.Run(fmt.Sprintf("%s-killed-after-%s", mode, orNone(crash)), func(t *testing.T) {
+				w := &kubeProxyWorld{world: world{servedAlways: true, present: []v1alpha1.ProxyMode{kp}}, podRuns: true}
+				// leg switches to to; handing back skips Programming
+				// and Verifying, so only a takeover must meet every
+				// crash point.
+				leg := func(from State, to v1alpha1.ProxyMode) {
+					st, killed := w.run(t, from, to, false, crash)
+					if killed {
+						st, _ = w.run(t, State{}, to, true, "")
+					} else if crash != "" && to != kp {
+						t.Fatalf("never reached %s: %v", crash, w.log)
+					}
+					if st.Phase != v1alpha1.NodeActive || st.Target != to || !slices.Equal(w.present, []v1alpha1.ProxyMode{to}) {
+						t.Fatalf("ended %+v with %v; want Active %s alone (steps %v)", st, w.present, to, w.log)
+					}
+				}
+				leg(State{Phase: v1alpha1.NodeIdle, Target: kp}, mode)
+				if w.podRuns {
+					t.Errorf("kube-proxy's pod still runs on a node taken over")
+				}
+				leg(State{Phase: v1alpha1.NodeActive, Target: mode}, kp)
+				if !w.servedAlways {
+					t.Errorf("some step left nothing serving: %v", w.log)
+				}
+			})
+		}
+	}
 }

@@ -41,11 +41,21 @@ type Desire struct {
 	// Resume says a previous agent's last reported phase was in the
 	// middle of a switch.
 	Resume bool
+	// KubeProxyStopped is the operator's word that kube-proxy's pod has
+	// left the node (ProxyNode spec.kubeProxyStopped).
+	KubeProxyStopped bool
+	// Default says Mode is the agent's --mode, not a ProxyNode's
+	// desire: it applies only to a node that nothing serves.
+	Default bool
 }
 
-// KubeProxy finds and removes kube-proxy's leftovers.
+// KubeProxy is kube-proxy on the node (a *kubeproxy.Node).
 type KubeProxy interface {
-	Present(ctx context.Context) (bool, error)
+	// Mode is the mode of kube-proxy's objects in the kernel ("" none).
+	Mode(ctx context.Context) (v1alpha1.ProxyMode, error)
+	// Serving is nil once a running kube-proxy has synced its rules.
+	Serving(ctx context.Context) error
+	// Cleanup removes kube-proxy's leftovers.
 	Cleanup(ctx context.Context) ([]string, error)
 }
 
@@ -75,10 +85,14 @@ type Config struct {
 	NodeIPs func() []netip.Addr
 	// ProbeServices and ProbeNodePorts bound the sample (default 8 and 2).
 	ProbeServices, ProbeNodePorts int
-	// KubeProxy, when set, is removed once a switch is verified: the node
-	// is being adopted from kube-proxy. Nil otherwise.
+	// KubeProxy is kube-proxy on the node: its objects are a mode of
+	// their own in the protocol (v1alpha1.ModeKubeProxy), taken over
+	// from and handed back to. Nil leaves kube-proxy out of sight.
 	KubeProxy KubeProxy
-	Report    Reporter
+	// KubeProxyPoll is how often kube-proxy is looked at while waiting
+	// for it, and while idle (default 2s and 30s times 15).
+	KubeProxyPoll time.Duration
+	Report        Reporter
 	// StopAt makes the switcher block forever once the work of this phase
 	// is done and reported (a test hook for killing the agent there).
 	StopAt v1alpha1.NodePhase
@@ -112,6 +126,9 @@ type Switcher struct {
 	baselineSet bool
 	// replaced is the instance a reconfiguration replaced, for rollback.
 	replaced dataplane.Backend
+	// kubeProxyMode is the mode of kube-proxy's objects at the last
+	// decision, for the report.
+	kubeProxyMode v1alpha1.ProxyMode
 }
 
 // New returns a Switcher for the initial desire d.
@@ -121,6 +138,9 @@ func New(cfg Config, d Desire) *Switcher {
 	}
 	if cfg.ProbeNodePorts == 0 {
 		cfg.ProbeNodePorts = 2
+	}
+	if cfg.KubeProxyPoll == 0 {
+		cfg.KubeProxyPoll = 2 * time.Second
 	}
 	return &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1)}
 }
@@ -177,6 +197,18 @@ func (s *Switcher) Present(ctx context.Context) ([]v1alpha1.ProxyMode, error) {
 			out = append(out, m)
 		}
 	}
+	if s.cfg.KubeProxy != nil {
+		mode, err := s.cfg.KubeProxy.Mode(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("look for kube-proxy's objects: %w", err)
+		}
+		s.mu.Lock()
+		s.kubeProxyMode = mode
+		s.mu.Unlock()
+		if mode != "" {
+			out = append(out, v1alpha1.ModeKubeProxy)
+		}
+	}
 	return out, nil
 }
 
@@ -201,18 +233,17 @@ func (s *Switcher) input(ctx context.Context, first bool) (Input, Desire, error)
 	if err != nil {
 		return Input{}, d, err
 	}
-	in := Input{Desired: d.Mode, Present: present, Resume: first && d.Resume}
+	in := Input{Desired: d.Mode, Present: present, Resume: first && d.Resume, KubeProxyStopped: d.KubeProxyStopped}
+	if d.Default && len(present) > 0 {
+		// --mode is for a node nothing serves: this one keeps what it has.
+		in.Desired = ""
+	}
 	s.mu.Lock()
 	in.Held = d.Held || (s.failed && s.failedGen == d.Generation && s.failedKey == string(d.Mode)+"|"+d.Key)
 	s.mu.Unlock()
 	if d.Mode != "" && slices.Contains(present, d.Mode) {
 		if _, key, ok := s.cfg.Fanout.Member(d.Mode); ok && key != d.Key {
 			in.Reconfigure = true
-		}
-	}
-	if s.cfg.KubeProxy != nil && d.Mode != "" && !in.Held {
-		if in.KubeProxy, err = s.cfg.KubeProxy.Present(ctx); err != nil {
-			return in, d, fmt.Errorf("look for kube-proxy's leftovers: %w", err)
 		}
 	}
 	return in, d, nil
@@ -240,7 +271,7 @@ func (s *Switcher) Init(ctx context.Context) (State, Step, error) {
 	st, step := Next(State{}, in, None)
 	s.decidedBy = d
 	for _, m := range in.Present {
-		if step.Action == Rollback && m == step.Mode && step.Restore != m {
+		if step.Action == Rollback && m == step.Mode && step.Restore != m || m == v1alpha1.ModeKubeProxy {
 			continue
 		}
 		b, key, err := s.cfg.Backend(m)
@@ -251,9 +282,9 @@ func (s *Switcher) Init(ctx context.Context) (State, Step, error) {
 			return st, step, err
 		}
 	}
-	s.cfg.Fanout.SetPrimary(Serving(in.Present))
+	s.cfg.Fanout.SetPrimary(programmed(Serving(in.Present)))
 	if step.Action == Serve {
-		s.cfg.Fanout.SetPrimary(step.Mode)
+		s.cfg.Fanout.SetPrimary(programmed(step.Mode))
 	}
 	klog.InfoS("Switcher starting", "present", in.Present, "desired", in.Desired, "phase", st.Phase, "next", step.Action, "held", in.Held, "resume", in.Resume)
 	return st, step, nil
@@ -284,7 +315,7 @@ func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
 			return nil
 		}
 		if step.Action == Serve || step.Action == Wait {
-			if !s.wait(ctx) {
+			if !s.wait(ctx, st) {
 				return nil
 			}
 			res = None
@@ -312,13 +343,36 @@ func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
 	}
 }
 
-// wait blocks until the desire changes or ctx ends.
-func (s *Switcher) wait(ctx context.Context) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-s.changed:
-		return true
+// wait blocks until the desire changes or ctx ends. While the node
+// serves nothing of proxyshift's (Idle), or waits for kube-proxy, it also
+// returns when kube-proxy's objects come or go, so the report follows
+// them: it looks every 15 polls when idle, every poll when waiting.
+func (s *Switcher) wait(ctx context.Context, st State) bool {
+	var tick <-chan time.Time
+	if s.cfg.KubeProxy != nil && (st.Phase == v1alpha1.NodeIdle || st.Phase == v1alpha1.NodeWaitingForKubeProxy) {
+		every := s.cfg.KubeProxyPoll
+		if st.Phase == v1alpha1.NodeIdle {
+			every *= 15
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	s.mu.Lock()
+	was := s.kubeProxyMode
+	s.mu.Unlock()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.changed:
+			return true
+		case <-tick:
+			mode, err := s.cfg.KubeProxy.Mode(ctx)
+			if err == nil && mode != was {
+				return true
+			}
+		}
 	}
 }
 
@@ -338,6 +392,9 @@ func (s *Switcher) flush(ctx context.Context) {
 func (s *Switcher) report(ctx context.Context, st State, step Step) {
 	d := s.decidedBy
 	r := report.Switch{Phase: st.Phase, Target: st.Target, Config: d.Config, Generation: d.Generation}
+	s.mu.Lock()
+	r.KubeProxyMode = s.kubeProxyMode
+	s.mu.Unlock()
 	switch {
 	case Switching(st.Phase):
 		r.Active = st.Previous
@@ -373,6 +430,10 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 		return None
 	case Prepare:
 		err = s.prepare(ctx, st, step)
+	case AwaitKubeProxy:
+		if !s.awaitKubeProxy(ctx) {
+			return None
+		}
 	case Program:
 		err = s.program(ctx, step)
 	case Verify:
@@ -425,12 +486,26 @@ func reasonFor(a Action) string {
 	return "SwitchFailed"
 }
 
+// programmed is the Fanout member that serves when mode does: none for
+// kube-proxy, whose rules the agent never programs.
+func programmed(mode v1alpha1.ProxyMode) v1alpha1.ProxyMode {
+	if mode == v1alpha1.ModeKubeProxy {
+		return ""
+	}
+	return mode
+}
+
 // serve makes mode the primary member, adding it if needed, and
-// forgets what a finished switch kept for rollback.
+// forgets what a finished switch kept for rollback. kube-proxy serving
+// leaves the Fanout without a primary.
 func (s *Switcher) serve(ctx context.Context, mode v1alpha1.ProxyMode) error {
 	s.mu.Lock()
 	s.replaced = nil
 	s.mu.Unlock()
+	if mode == v1alpha1.ModeKubeProxy {
+		s.cfg.Fanout.SetPrimary("")
+		return nil
+	}
 	if _, _, ok := s.cfg.Fanout.Member(mode); !ok {
 		b, key, err := s.cfg.Backend(mode)
 		if err != nil {
@@ -458,7 +533,47 @@ func (s *Switcher) prepare(ctx context.Context, st State, step Step) error {
 		s.mu.Unlock()
 		klog.InfoS("Probe baseline through the serving mode", "mode", st.Previous, "targets", len(targets), "answered", len(answered))
 	}
+	if step.Mode == v1alpha1.ModeKubeProxy {
+		if s.cfg.KubeProxy == nil {
+			return &facts.Error{Reason: contract.ReasonKubeProxyUnknown, Message: "this agent does not look for kube-proxy on its node, so it cannot hand the node back to it"}
+		}
+		return nil // kube-proxy's pod loads what its mode needs
+	}
 	return s.cfg.Prepare.Prepare(ctx, step.Mode, s.decidedBy.Scheduler)
+}
+
+// awaitKubeProxy waits, handing the node back, until kube-proxy serves it
+// (its pod is back and has synced), looking every KubeProxyPoll and
+// saying in the log what it still waits for. It returns false, with
+// nothing done, when the desire changes or ctx ends first; the node
+// timeout of the operator bounds the wait.
+func (s *Switcher) awaitKubeProxy(ctx context.Context) bool {
+	start, last := time.Now(), ""
+	for {
+		err := s.cfg.KubeProxy.Serving(ctx)
+		if err == nil {
+			klog.InfoS("kube-proxy serves the node again", "after", time.Since(start).Round(time.Millisecond))
+			return true
+		}
+		if msg := err.Error(); msg != last {
+			klog.InfoS("Waiting for kube-proxy to serve the node before removing proxyshift's rules", "why", msg)
+			last = msg
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.changed:
+			// Put the signal back for Run's next wait.
+			select {
+			case s.changed <- struct{}{}:
+			default:
+			}
+			if !sameDesire(s.currentDesire(), s.decidedBy) {
+				return false
+			}
+		case <-time.After(s.cfg.KubeProxyPoll):
+		}
+	}
 }
 
 func (s *Switcher) targets() []probe.Target {
@@ -540,11 +655,22 @@ func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) e
 	return nil
 }
 
-// cleanUp removes the other modes (each stops being synced first), probes
-// again when that moved new connections to the target, and removes
-// kube-proxy's leftovers when adopting.
+// cleanUp removes the other modes (each stops being synced first;
+// kube-proxy's leftovers through KubeProxy, where a failure is a warning,
+// not a failed switch: the target serves) and probes again when that
+// moved new connections to the target.
 func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 	for _, m := range step.Remove {
+		if m == v1alpha1.ModeKubeProxy {
+			removed, err := s.cfg.KubeProxy.Cleanup(ctx)
+			klog.InfoS("Removed kube-proxy's leftovers", "objects", removed)
+			if err != nil {
+				s.mu.Lock()
+				s.warning = &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
+				s.mu.Unlock()
+			}
+			continue
+		}
 		b := s.cfg.Fanout.Remove(m)
 		if b == nil {
 			var err error
@@ -558,19 +684,10 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 			return fmt.Errorf("remove %s: %w", m, err)
 		}
 	}
-	s.cfg.Fanout.SetPrimary(step.Mode)
+	s.cfg.Fanout.SetPrimary(programmed(step.Mode))
 	if step.Cutover {
 		if err := s.probeRequired(ctx, step.Mode); err != nil {
 			return fmt.Errorf("after removing %s: %w", strings.Join(modeNames(step.Remove), ", "), err)
-		}
-	}
-	if step.AdoptKubeProxy && s.cfg.KubeProxy != nil {
-		removed, err := s.cfg.KubeProxy.Cleanup(ctx)
-		klog.InfoS("Removed kube-proxy's leftovers (adoption)", "objects", removed)
-		if err != nil {
-			s.mu.Lock()
-			s.warning = &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
-			s.mu.Unlock()
 		}
 	}
 	return nil
@@ -587,12 +704,17 @@ func modeNames(ms []v1alpha1.ProxyMode) []string {
 // rollback leaves step.Restore serving, fully synced, then removes the
 // target. Restore == Mode keeps the mode, with the instance a
 // reconfiguration replaced; Restore "" keeps the target (nothing else
-// could serve).
+// could serve). kube-proxy is never programmed nor removed here: restoring
+// it removes the target from in front of its rules, and a failed hand-back
+// leaves them behind the restored mode.
 func (s *Switcher) rollback(ctx context.Context, step Step) error {
 	switch {
 	case step.Restore == "":
-		s.cfg.Fanout.SetPrimary(step.Mode)
+		s.cfg.Fanout.SetPrimary(programmed(step.Mode))
 		return nil
+	case step.Restore == v1alpha1.ModeKubeProxy:
+		s.cfg.Fanout.SetPrimary("")
+		return s.removeTarget(ctx, step)
 	case step.Restore == step.Mode:
 		s.mu.Lock()
 		old := s.replaced
@@ -621,8 +743,17 @@ func (s *Switcher) rollback(ctx context.Context, step Step) error {
 		return fmt.Errorf("program %s again: %w", step.Restore, err)
 	}
 	s.cfg.Fanout.SetPrimary(step.Restore)
+	if step.Mode == v1alpha1.ModeKubeProxy {
+		return nil
+	}
+	return s.removeTarget(ctx, step)
+}
+
+// removeTarget removes the failed target of a rollback.
+func (s *Switcher) removeTarget(ctx context.Context, step Step) error {
 	b := s.cfg.Fanout.Remove(step.Mode)
 	if b == nil {
+		var err error
 		if b, _, err = s.cfg.Backend(step.Mode); err != nil {
 			return err
 		}
