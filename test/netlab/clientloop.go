@@ -3,6 +3,7 @@ package netlab
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,12 @@ type ClientLoop struct {
 // StartClientLoop starts the loop from ns; the test stops it with
 // RequireNoFailures, or it stops when the test ends.
 func StartClientLoop(t testing.TB, ns *NetNS, targets ...netip.AddrPort) *ClientLoop {
+	return StartClientLoopEvery(t, ns, 10*time.Millisecond, targets...)
+}
+
+// StartClientLoopEvery is StartClientLoop with pause between two
+// connections instead of 10 ms.
+func StartClientLoopEvery(t testing.TB, ns *NetNS, pause time.Duration, targets ...netip.AddrPort) *ClientLoop {
 	l := &ClientLoop{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
@@ -43,11 +50,21 @@ func StartClientLoop(t testing.TB, ns *NetNS, targets ...netip.AddrPort) *Client
 			} else {
 				l.ok.Add(1)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(pause)
 		}
 	}()
 	t.Cleanup(l.Stop)
 	return l
+}
+
+// Counts are the connections answered and failed so far.
+func (l *ClientLoop) Counts() (ok, failed int64) { return l.ok.Load(), l.fail.Load() }
+
+// Errors are the first few failures, described.
+func (l *ClientLoop) Errors() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.errs)
 }
 
 // Stop ends the loop and waits for its last connection.

@@ -55,17 +55,7 @@ func checkInstall(t *testing.T, c *Cluster) {
 	}
 	t.Logf("timing: kubectl apply -k config/local until every pod is Ready %6.2fs", time.Since(start).Seconds())
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := proxyshiftClient(t, c)
 
 	t.Run("every agent reports its ProxyNode", func(t *testing.T) {
 		for _, n := range c.Nodes {
@@ -159,3 +149,21 @@ func checkInstall(t *testing.T, c *Cluster) {
 // proxyshiftObjects matches what proxyshift programs in iptables-save and
 // nft list ruleset output.
 var proxyshiftObjects = regexp.MustCompile(`PROXYSHIFT-|table (ip|ip6|inet) proxyshift\b`)
+
+// proxyshiftClient is a client of the cluster that knows proxyshift's
+// kinds.
+func proxyshiftClient(t *testing.T, c *Cluster) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}

@@ -74,7 +74,11 @@ func TestRealCluster(t *testing.T) {
 	t.Run("kube-proxy serves every node", func(t *testing.T) { checkTraffic(t, c, "") })
 	t.Run("pods reach the Services and the API server", func(t *testing.T) { checkFromPods(t, c) })
 	t.Run("relabelled pod leaves slice, rules and traffic", func(t *testing.T) { checkRelabel(t, c) })
-	t.Run("proxyshift installed from config/local", func(t *testing.T) { checkInstall(t, c) })
+	if !t.Run("proxyshift installed from config/local", func(t *testing.T) { checkInstall(t, c) }) {
+		t.FailNow()
+	}
+	t.Run("a takeover that fails verification goes back to kube-proxy", func(t *testing.T) { checkFailedTakeover(t, c, proxyshiftClient(t, c)) })
+	t.Run("kube-proxy → nftables → iptables → kube-proxy under traffic", func(t *testing.T) { checkMigration(t, c, proxyshiftClient(t, c)) })
 
 	// What Leftovers finds while the cluster runs: each node's processes
 	// (its PID namespace) and cgroup, the namespaces.

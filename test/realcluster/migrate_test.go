@@ -1,0 +1,616 @@
+package realcluster
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyshift/proxyshift/api/contract"
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
+	"github.com/proxyshift/proxyshift/test/e2e"
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// clusterCIDR is the pod network (kube-proxy's clusterCIDR in
+// manifests/kube-proxy.yaml).
+const clusterCIDR = "198.18.64.0/18"
+
+// migrationConfig is the ProxyConfig the migration tests apply: every
+// node, one canary, then one node at a time, rolling back on failure.
+func migrationConfig(name string, mode v1alpha1.ProxyMode) *v1alpha1.ProxyConfig {
+	pc := &v1alpha1.ProxyConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.ProxyConfigSpec{Rollout: v1alpha1.RolloutPolicy{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Canary:         v1alpha1.CanaryPolicy{Nodes: ptr.To[int32](1)},
+			NodeTimeout:    "3m",
+			AutoRollback:   ptr.To(true),
+		}},
+	}
+	setMode(pc, mode)
+	return pc
+}
+
+// setMode sets the mode and what goes with it: the pod network for
+// proxyshift's modes, nothing for kube-proxy (it has its own settings).
+func setMode(pc *v1alpha1.ProxyConfig, mode v1alpha1.ProxyMode) {
+	pc.Spec.Mode = mode
+	pc.Spec.ClusterCIDRs = nil
+	if contract.ValidMode(mode) {
+		pc.Spec.ClusterCIDRs = []v1alpha1.CIDR{clusterCIDR}
+	}
+}
+
+// applyMode creates the ProxyConfig or sets its mode, returning the
+// generation that carries the mode.
+func applyMode(t *testing.T, cl client.Client, name string, mode v1alpha1.ProxyMode) int64 {
+	t.Helper()
+	ctx := t.Context()
+	for range 10 {
+		pc := &v1alpha1.ProxyConfig{}
+		err := cl.Get(ctx, client.ObjectKey{Name: name}, pc)
+		if apierrors.IsNotFound(err) {
+			pc = migrationConfig(name, mode)
+			if err := cl.Create(ctx, pc); err != nil {
+				t.Fatal(err)
+			}
+			return pc.Generation
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		setMode(pc, mode)
+		if err := cl.Update(ctx, pc); apierrors.IsConflict(err) {
+			continue
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return pc.Generation
+	}
+	t.Fatalf("ProxyConfig %s: updates kept conflicting", name)
+	return 0
+}
+
+// rollout applies mode and waits for the rollout to finish, logging each
+// change of the picture (and handing it to onChange).
+func rollout(t *testing.T, c *Cluster, cl client.Client, name string, mode v1alpha1.ProxyMode, onChange func(e2e.Snapshot)) e2e.Snapshot {
+	t.Helper()
+	start := time.Now()
+	gen := applyMode(t, cl, name, mode)
+	s, err := e2e.WaitDone(t.Context(), cl, name, gen, 10*time.Minute, func(s e2e.Snapshot) {
+		t.Logf("%6.1fs %s", time.Since(start).Seconds(), s.Line())
+		if onChange != nil {
+			onChange(s)
+		}
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, debugState(t, c))
+	}
+	t.Logf("timing: rollout to %-10s %6.2fs", mode, time.Since(start).Seconds())
+	return s
+}
+
+// podTraffic is the traffic of the migration: from inside the web pod on
+// each node, a new connection every 250ms, alternately to the web
+// Service's cluster IP and to the NodePort of the pod's own node, and one
+// long-lived connection to the cluster IP, exchanged on after each step.
+type podTraffic struct {
+	loops    map[string]*netlab.ClientLoop // by node
+	sessions map[string]*netlab.Session
+	closers  []func()
+}
+
+func startPodTraffic(t *testing.T, c *Cluster) *podTraffic {
+	t.Helper()
+	ctx := t.Context()
+	ip, err := c.ClusterIP(ctx, WorkloadNamespace, WebService)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := c.Kube.CoreV1().Pods(WorkloadNamespace).List(ctx, metav1.ListOptions{LabelSelector: WebSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt := &podTraffic{loops: map[string]*netlab.ClientLoop{}, sessions: map[string]*netlab.Session{}}
+	t.Cleanup(pt.close)
+	clusterAddr := netip.AddrPortFrom(ip, WebPort)
+	for _, p := range pods.Items {
+		n := c.Node(p.Spec.NodeName)
+		if n == nil || pt.loops[n.Name] != nil || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		ns, closeNS, err := c.PodNetNS(ctx, WorkloadNamespace, p.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt.closers = append(pt.closers, closeNS)
+		s, err := ns.OpenSession(clusterAddr, 2*time.Second)
+		if err != nil {
+			t.Fatalf("pod %s: open a long-lived connection to %s: %v", p.Name, clusterAddr, err)
+		}
+		pt.sessions[n.Name] = s
+		pt.loops[n.Name] = netlab.StartClientLoopEvery(t, ns, 250*time.Millisecond, clusterAddr, netip.AddrPortFrom(n.IP, WebNodePort))
+	}
+	for _, n := range c.Nodes {
+		if pt.loops[n.Name] == nil {
+			t.Fatalf("no running web pod on %s to send traffic from", n.Name)
+		}
+	}
+	return pt
+}
+
+// check fails the test if a new connection failed so far or a long-lived
+// one broke, and logs the counts.
+func (pt *podTraffic) check(t *testing.T, after string) {
+	t.Helper()
+	for _, node := range slices.Sorted(maps.Keys(pt.loops)) {
+		ok, failed := pt.loops[node].Counts()
+		if failed > 0 {
+			t.Errorf("%s, from %s: %d new connections failed (%d answered): %v", after, node, failed, ok, pt.loops[node].Errors())
+		}
+		if err := pt.sessions[node].Exchange(after, 3*time.Second); err != nil {
+			t.Errorf("%s, from %s: the long-lived connection broke: %v", after, node, err)
+		}
+		t.Logf("%s, from %s: %d new connections answered, %d failed; the long-lived connection answers", after, node, ok, failed)
+	}
+}
+
+func (pt *podTraffic) close() {
+	for _, l := range pt.loops {
+		l.Stop()
+	}
+	for _, s := range pt.sessions {
+		s.Close()
+	}
+	for _, c := range pt.closers {
+		c()
+	}
+	pt.closers = nil
+}
+
+// placementWatch checks, twice a second while a rollout runs, that
+// kube-proxy's pod runs on every node proxyshift does not serve: a node
+// without a running kube-proxy pod must have a proxyshift mode serving
+// it (status.activeMode) or be waiting, programmed and verified, for
+// kube-proxy to leave. ProxyNodes are read before and after the pods, and
+// a node counts as not served by proxyshift only if both reads say so.
+type placementWatch struct {
+	mu         sync.Mutex
+	samples    int
+	violations []string
+	stop, done chan struct{}
+}
+
+func watchPlacement(t *testing.T, c *Cluster, cl client.Client) *placementWatch {
+	w := &placementWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			w.sample(t.Context(), c, cl)
+		}
+	}()
+	t.Cleanup(w.finish)
+	return w
+}
+
+func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Client) {
+	served := func() map[string]string {
+		var l v1alpha1.ProxyNodeList
+		if err := cl.List(ctx, &l); err != nil {
+			return nil
+		}
+		out := map[string]string{}
+		for _, pn := range l.Items {
+			st := pn.Status
+			if contract.ValidMode(st.ActiveMode) || st.Phase == v1alpha1.NodeWaitingForKubeProxy && contract.ValidMode(pn.Spec.DesiredMode) {
+				out[pn.Name] = e2e.NodeText(pn)
+			}
+		}
+		return out
+	}
+	before := served()
+	pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: KubeProxySelector})
+	after := served()
+	if before == nil || after == nil || err != nil {
+		return
+	}
+	running := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning {
+			running[p.Spec.NodeName] = true
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.samples++
+	for _, n := range c.Nodes {
+		if !running[n.Name] && before[n.Name] == "" && after[n.Name] == "" && len(w.violations) < 20 {
+			w.violations = append(w.violations, fmt.Sprintf("%s: %s has no running kube-proxy pod and proxyshift does not serve it", time.Now().Format("15:04:05.000"), n.Name))
+		}
+	}
+}
+
+func (w *placementWatch) finish() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// check stops the watch and fails the test on a violation.
+func (w *placementWatch) check(t *testing.T) {
+	t.Helper()
+	w.finish()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.violations) > 0 {
+		t.Errorf("kube-proxy was absent from nodes proxyshift did not serve (%d samples):\n  %s", w.samples, strings.Join(w.violations, "\n  "))
+	} else {
+		t.Logf("kube-proxy ran on every node proxyshift did not serve, in all %d samples taken during the rollouts", w.samples)
+	}
+}
+
+// kubeProxyNodes are the nodes a kube-proxy pod is on (any phase).
+func kubeProxyNodes(t *testing.T, c *Cluster) []string {
+	t.Helper()
+	pods, err := c.Kube.CoreV1().Pods("kube-system").List(t.Context(), metav1.ListOptions{LabelSelector: KubeProxySelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range pods.Items {
+		out = append(out, p.Spec.NodeName)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// requirePlacement waits (a minute at most: a pod that left may still be
+// terminating, one that returns may be starting) until kube-proxy runs
+// exactly on nodes.
+func requirePlacement(t *testing.T, c *Cluster, nodes []string) {
+	t.Helper()
+	slices.Sort(nodes)
+	waitUntil(t, c, fmt.Sprintf("kube-proxy running exactly on %v", nodes), func(ctx context.Context) error {
+		pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: KubeProxySelector})
+		if err != nil {
+			return err
+		}
+		var on []string
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				return fmt.Errorf("pod %s on %s is %s (deleting: %v)", p.Name, p.Spec.NodeName, p.Status.Phase, p.DeletionTimestamp != nil)
+			}
+			on = append(on, p.Spec.NodeName)
+		}
+		slices.Sort(on)
+		if !slices.Equal(on, nodes) {
+			return fmt.Errorf("kube-proxy runs on %v", on)
+		}
+		return nil
+	})
+}
+
+// nodeObjects is what one node's kernel holds of kube-proxy and of
+// proxyshift: chains by backend and table (iptables-legacy-save and
+// iptables-nft-save, both families) and nftables tables (nft list
+// tables), named as cleanup.KubeProxy and cleanup.Proxyshift own them.
+type nodeObjects struct {
+	kubeProxy, proxyshift []string
+	nftTables             string
+}
+
+func readNodeObjects(t *testing.T, n *Node) nodeObjects {
+	t.Helper()
+	var o nodeObjects
+	for _, bin := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {
+		out, err := n.Exec(t.Context(), bin)
+		if err != nil {
+			t.Fatalf("%s: %s: %v", n.Name, bin, err)
+		}
+		table := ""
+		for _, line := range strings.Split(string(out), "\n") {
+			if name, ok := strings.CutPrefix(line, "*"); ok {
+				table = name
+			}
+			chain, ok := strings.CutPrefix(line, ":")
+			if !ok {
+				continue
+			}
+			chain, _, _ = strings.Cut(chain, " ")
+			where := fmt.Sprintf("%s %s %s", bin, table, chain)
+			if cleanup.KubeProxy.Chain(table, chain) {
+				o.kubeProxy = append(o.kubeProxy, where)
+			}
+			if cleanup.Proxyshift.Chain(table, chain) {
+				o.proxyshift = append(o.proxyshift, where)
+			}
+		}
+	}
+	out, err := n.Exec(t.Context(), "nft", "list", "tables")
+	if err != nil {
+		t.Fatalf("%s: nft list tables: %v", n.Name, err)
+	}
+	o.nftTables = string(out)
+	for _, line := range strings.Split(o.nftTables, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "table" {
+			continue
+		}
+		if cleanup.KubeProxy.NFTTable(f[2]) {
+			o.kubeProxy = append(o.kubeProxy, "nft "+f[1]+" "+f[2])
+		}
+		if cleanup.Proxyshift.NFTTable(f[2]) {
+			o.proxyshift = append(o.proxyshift, "nft "+f[1]+" "+f[2])
+		}
+	}
+	return o
+}
+
+// requireOwner checks that every node's kernel holds only owner's objects:
+// kube-proxy's, or those of one of proxyshift's modes.
+func requireOwner(t *testing.T, c *Cluster, owner v1alpha1.ProxyMode) {
+	t.Helper()
+	for _, n := range c.Nodes {
+		o := readNodeObjects(t, n)
+		switch owner {
+		case v1alpha1.ModeKubeProxy:
+			if len(o.proxyshift) > 0 {
+				t.Errorf("%s: proxyshift's objects left after the hand-back: %v", n.Name, o.proxyshift)
+			}
+			if !slices.ContainsFunc(o.kubeProxy, func(s string) bool { return strings.HasSuffix(s, " nat KUBE-SERVICES") }) {
+				t.Errorf("%s: kube-proxy's KUBE-SERVICES is not there: %v", n.Name, o.kubeProxy)
+			}
+		default:
+			if len(o.kubeProxy) > 0 {
+				t.Errorf("%s: kube-proxy's objects left after the takeover: %v", n.Name, o.kubeProxy)
+			}
+			nftOwn := slices.ContainsFunc(o.proxyshift, func(s string) bool { return strings.HasPrefix(s, "nft ") && strings.HasSuffix(s, " proxyshift") })
+			iptOwn := slices.ContainsFunc(o.proxyshift, func(s string) bool { return strings.Contains(s, "PROXYSHIFT-") })
+			if owner == v1alpha1.ModeNFTables && (!nftOwn || iptOwn) || owner == v1alpha1.ModeIPTables && (nftOwn || !iptOwn) {
+				t.Errorf("%s: want only proxyshift's %s objects, the kernel holds %v", n.Name, owner, o.proxyshift)
+			}
+		}
+	}
+}
+
+// requireServedBy checks every ProxyNode reports owner serving, Active.
+func requireServedBy(t *testing.T, s e2e.Snapshot, owner v1alpha1.ProxyMode) {
+	t.Helper()
+	if s.Config.Status.Phase != v1alpha1.RolloutCompleted {
+		t.Fatalf("the rollout to %s ended %s: %+v", owner, s.Config.Status.Phase, s.Config.Status.FailedNodes)
+	}
+	for _, pn := range s.Nodes {
+		if pn.Status.ActiveMode != owner || pn.Status.Phase != v1alpha1.NodeActive {
+			t.Errorf("%s: %s, want %s Active", pn.Name, e2e.NodeText(pn), owner)
+		}
+	}
+}
+
+// checkMigration is the migration users make, under continuous traffic
+// from pods on every node: kube-proxy (iptables) → proxyshift nftables →
+// proxyshift iptables → kube-proxy, each a rollout of one canary and then
+// one node at a time. During the takeover the agent pod of the canary,
+// and later the operator's pod, are deleted in the middle of a node's
+// switch. After each step: no failed connection, the long-lived ones
+// answer, kube-proxy runs exactly where it should (and, sampled all
+// along, never left a node proxyshift did not serve), and each node's
+// kernel holds only the new owner's objects. At the end the kube-proxy
+// DaemonSet and the nodes are as they were before.
+func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
+	ctx := t.Context()
+	dsBefore, err := c.Kube.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := make([]string, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		all = append(all, n.Name)
+	}
+	traffic := startPodTraffic(t, c)
+	placement := watchPlacement(t, c, cl)
+	const name = "migrate"
+
+	killer := &midSwitchKiller{t: t, c: c}
+	s := rollout(t, c, cl, name, v1alpha1.ModeNFTables, killer.onChange)
+	requireServedBy(t, s, v1alpha1.ModeNFTables)
+	killer.require()
+	requirePlacement(t, c, nil)
+	requireOwner(t, c, v1alpha1.ModeNFTables)
+	traffic.check(t, "kube-proxy → nftables")
+
+	s = rollout(t, c, cl, name, v1alpha1.ModeIPTables, nil)
+	requireServedBy(t, s, v1alpha1.ModeIPTables)
+	requirePlacement(t, c, nil)
+	requireOwner(t, c, v1alpha1.ModeIPTables)
+	traffic.check(t, "nftables → iptables")
+
+	s = rollout(t, c, cl, name, v1alpha1.ModeKubeProxy, nil)
+	requireServedBy(t, s, v1alpha1.ModeKubeProxy)
+	requirePlacement(t, c, all)
+	requireOwner(t, c, v1alpha1.ModeKubeProxy)
+	traffic.check(t, "iptables → kube-proxy")
+	placement.check(t)
+
+	// Everything proxyshift added to kube-proxy's DaemonSet and the
+	// nodes is gone once every node is back.
+	waitUntil(t, c, "kube-proxy's DaemonSet as it was", func(ctx context.Context) error {
+		ds, err := c.Kube.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got, want := fmt.Sprint(ds.Spec.Template.Spec.Affinity), fmt.Sprint(dsBefore.Spec.Template.Spec.Affinity); got != want {
+			return fmt.Errorf("affinity %s, was %s", got, want)
+		}
+		if got, want := fmt.Sprint(ds.Spec.UpdateStrategy), fmt.Sprint(dsBefore.Spec.UpdateStrategy); got != want {
+			return fmt.Errorf("update strategy %s, was %s", got, want)
+		}
+		for k := range ds.Annotations {
+			if strings.Contains(k, "proxyshift") {
+				return fmt.Errorf("annotation %s is still there", k)
+			}
+		}
+		return nil
+	})
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		for k := range n.Labels {
+			if strings.Contains(k, "proxyshift") {
+				t.Errorf("%s still carries the label %s", n.Name, k)
+			}
+		}
+	}
+	if err := cl.Delete(ctx, &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// midSwitchKiller deletes, during the takeover, the agent pod of the
+// first node seen waiting for kube-proxy to leave, and the operator's pod
+// once a second node is switching: both must converge from what the API
+// and the kernel say.
+type midSwitchKiller struct {
+	t                        *testing.T
+	c                        *Cluster
+	agentKilled, operatorGot string
+}
+
+func (k *midSwitchKiller) onChange(s e2e.Snapshot) {
+	for _, pn := range s.Nodes {
+		switching := pn.Spec.DesiredMode == v1alpha1.ModeNFTables && pn.Status.Phase != v1alpha1.NodeActive && pn.Status.Phase != ""
+		switch {
+		case k.agentKilled == "" && pn.Status.Phase == v1alpha1.NodeWaitingForKubeProxy:
+			k.agentKilled = pn.Name
+			k.deletePod("proxyshift-system", "app.kubernetes.io/component=agent", pn.Name)
+		case k.agentKilled != "" && k.operatorGot == "" && switching && pn.Name != k.agentKilled:
+			k.operatorGot = pn.Name
+			k.deletePod("proxyshift-system", "app.kubernetes.io/component=operator", "")
+		}
+	}
+}
+
+// deletePod deletes the pod matching selector (on node, if set).
+func (k *midSwitchKiller) deletePod(namespace, selector, node string) {
+	ctx := k.t.Context()
+	pods, err := k.c.Kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		k.t.Errorf("list %s: %v", selector, err)
+		return
+	}
+	for _, p := range pods.Items {
+		if node != "" && p.Spec.NodeName != node {
+			continue
+		}
+		if err := k.c.Kube.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)}); err != nil {
+			k.t.Errorf("delete pod %s: %v", p.Name, err)
+			continue
+		}
+		k.t.Logf("deleted pod %s/%s (on %s) in the middle of the takeover", namespace, p.Name, p.Spec.NodeName)
+	}
+}
+
+func (k *midSwitchKiller) require() {
+	if k.agentKilled == "" || k.operatorGot == "" {
+		k.t.Errorf("the takeover ended before both kills happened (agent on %q, operator while %q switched)", k.agentKilled, k.operatorGot)
+	}
+}
+
+// checkFailedTakeover makes every agent fail its verification (the test
+// hook --test-fail-verify, added to the agent DaemonSet's arguments) and
+// applies an nftables ProxyConfig: the canary fails, is given back to
+// kube-proxy, the other nodes are never touched, and the ProxyConfig is
+// Failed naming the canary. The hook and the ProxyConfig are then
+// removed.
+func checkFailedTakeover(t *testing.T, c *Cluster, cl client.Client) {
+	ctx := t.Context()
+	setAgentArg := func(add bool) {
+		t.Helper()
+		ds, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Get(ctx, "proxyshift-agent", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctr := &ds.Spec.Template.Spec.Containers[0]
+		ctr.Args = slices.DeleteFunc(ctr.Args, func(a string) bool { return a == "--test-fail-verify" })
+		if add {
+			ctr.Args = append(ctr.Args, "--test-fail-verify")
+		}
+		if _, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", "daemonset/proxyshift-agent", "--timeout=3m"); err != nil {
+			t.Fatalf("agent DaemonSet rollout: %v\n%s", err, out)
+		}
+	}
+	setAgentArg(true)
+	traffic := startPodTraffic(t, c)
+	const name = "fails-verify"
+	s := rollout(t, c, cl, name, v1alpha1.ModeNFTables, nil)
+	st := s.Config.Status
+	if st.Phase != v1alpha1.RolloutFailed || len(st.FailedNodes) != 1 {
+		t.Fatalf("the rollout ended %s with failed nodes %+v; want Failed naming the canary", st.Phase, st.FailedNodes)
+	}
+	canary := st.FailedNodes[0].Name
+	t.Logf("failed: %s: %s", canary, st.FailedNodes[0].Reason)
+	for _, pn := range s.Nodes {
+		if pn.Status.ActiveMode != v1alpha1.ModeKubeProxy {
+			t.Errorf("%s: %s; want kube-proxy serving again", pn.Name, e2e.NodeText(pn))
+		}
+		if pn.Name != canary && pn.Spec.DesiredMode != "" {
+			t.Errorf("%s, not the canary, was asked for %s", pn.Name, pn.Spec.DesiredMode)
+		}
+	}
+	all := make([]string, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		all = append(all, n.Name)
+	}
+	requirePlacement(t, c, all)
+	requireOwner(t, c, v1alpha1.ModeKubeProxy)
+	traffic.check(t, "a failed takeover of "+canary)
+	traffic.close()
+	if err := cl.Delete(ctx, &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	setAgentArg(false)
+}
+
+// debugState is what a person would look at when a rollout does not
+// finish: the ProxyConfigs and ProxyNodes, the pods of kube-proxy and
+// proxyshift, the recent events, and the operator's log tail.
+func debugState(t *testing.T, c *Cluster) string {
+	ctx := context.WithoutCancel(t.Context())
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"get", "proxyconfigs,proxynodes", "-o", "wide"},
+		{"get", "pods", "-A", "-o", "wide"},
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+		{"-n", "proxyshift-system", "logs", "deployment/proxyshift-operator", "--tail=80"},
+	} {
+		out, err := c.Kubectl(ctx, args...)
+		fmt.Fprintf(&b, "$ kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
+	}
+	return b.String()
+}
