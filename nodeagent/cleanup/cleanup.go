@@ -8,8 +8,8 @@
 // Two sets of names exist. Proxyshift is everything proxyshift's own
 // backends create (used by `proxyshift-agent --cleanup`, for uninstall).
 // KubeProxy is what kube-proxy leaves behind in any of its modes, used
-// only when a node is adopted from kube-proxy (`--adopt-kube-proxy`),
-// after kube-proxy stopped there. KubeProxy names kube-proxy's chains one
+// only when a node is taken over from kube-proxy, after kube-proxy's pod
+// left it (ProxyNode spec.kubeProxyStopped). KubeProxy names kube-proxy's chains one
 // by one, not "KUBE-*": kubelet's KUBE-FIREWALL, KUBE-KUBELET-CANARY,
 // KUBE-MARK-DROP and KUBE-IPTABLES-HINT, and other programs' KUBE-*
 // chains and ipsets (kube-router's KUBE-ROUTER-*, KUBE-NWPLCY-*, KUBE-SRC-*

@@ -488,7 +488,7 @@ type Removal struct {
 	Objects          string
 }
 
-var removalRE = regexp.MustCompile(`"(Removed the old mode|Rolled back: removed the failed target|Removed kube-proxy's leftovers \(adoption\))".*?mode="?([a-z]+)"?.*?objects=(\[.*?\])`)
+var removalRE = regexp.MustCompile(`"(Removed the old mode|Rolled back: removed the failed target|Removed kube-proxy's leftovers)".*?mode="?([a-z]+)"?.*?objects=(\[.*?\])`)
 
 // Removals reads what the agents logged they removed (the switcher's
 // "Removed the old mode" and rollback lines) from their logs, skipping
