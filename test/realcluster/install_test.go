@@ -5,8 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -30,31 +28,13 @@ import (
 func checkInstall(t *testing.T, c *Cluster) {
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
-	start := time.Now()
-	make := exec.CommandContext(ctx, "make", "images")
-	make.Dir = c.opts.RepoDir
-	if out, err := make.CombinedOutput(); err != nil {
-		t.Fatalf("make images: %v\n%s", err, out)
+	timings, err := c.InstallProxyshift(ctx)
+	for _, tm := range timings {
+		t.Logf("timing: %s %6.2fs", tm.Step, tm.Duration.Seconds())
 	}
-	t.Logf("timing: make images %6.2fs", time.Since(start).Seconds())
-	for _, name := range []string{"proxyshift-operator", "proxyshift-agent"} {
-		if err := c.ImportImage(ctx, filepath.Join(c.opts.RepoDir, "bin", "images", name+".oci.tar")); err != nil {
-			t.Fatal(err)
-		}
+	if err != nil {
+		t.Fatal(err)
 	}
-	start = time.Now()
-	if out, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.opts.RepoDir, "config", "local")); err != nil {
-		t.Fatalf("kubectl apply -k config/local: %v\n%s", err, out)
-	}
-	for _, w := range []string{"deployment/proxyshift-operator", "daemonset/proxyshift-agent"} {
-		if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", w, "--timeout=5m"); err != nil {
-			pods, _ := c.Kubectl(ctx, "-n", "proxyshift-system", "get", "pods", "-o", "wide")
-			desc, _ := c.Kubectl(ctx, "-n", "proxyshift-system", "describe", "pods")
-			t.Fatalf("%s not ready: %v\n%s\n%s\n%s", w, err, out, pods, desc)
-		}
-	}
-	t.Logf("timing: kubectl apply -k config/local until every pod is Ready %6.2fs", time.Since(start).Seconds())
-
 	cl := proxyshiftClient(t, c)
 
 	t.Run("every agent reports its ProxyNode", func(t *testing.T) {

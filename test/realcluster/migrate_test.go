@@ -12,9 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -25,72 +23,15 @@ import (
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
-// clusterCIDR is the pod network (kube-proxy's clusterCIDR in
-// manifests/kube-proxy.yaml).
-const clusterCIDR = "198.18.64.0/18"
-
-// migrationConfig is the ProxyConfig the migration tests apply: every
-// node, one canary, then one node at a time, rolling back on failure.
-func migrationConfig(name string, mode v1alpha1.ProxyMode) *v1alpha1.ProxyConfig {
-	pc := &v1alpha1.ProxyConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1alpha1.ProxyConfigSpec{Rollout: v1alpha1.RolloutPolicy{
-			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Canary:         v1alpha1.CanaryPolicy{Nodes: ptr.To[int32](1)},
-			NodeTimeout:    "3m",
-			AutoRollback:   ptr.To(true),
-		}},
-	}
-	setMode(pc, mode)
-	return pc
-}
-
-// setMode sets the mode and what goes with it: the pod network for
-// proxyshift's modes, nothing for kube-proxy (it has its own settings).
-func setMode(pc *v1alpha1.ProxyConfig, mode v1alpha1.ProxyMode) {
-	pc.Spec.Mode = mode
-	pc.Spec.ClusterCIDRs = nil
-	if contract.ValidMode(mode) {
-		pc.Spec.ClusterCIDRs = []v1alpha1.CIDR{clusterCIDR}
-	}
-}
-
-// applyMode creates the ProxyConfig or sets its mode, returning the
-// generation that carries the mode.
-func applyMode(t *testing.T, cl client.Client, name string, mode v1alpha1.ProxyMode) int64 {
-	t.Helper()
-	ctx := t.Context()
-	for range 10 {
-		pc := &v1alpha1.ProxyConfig{}
-		err := cl.Get(ctx, client.ObjectKey{Name: name}, pc)
-		if apierrors.IsNotFound(err) {
-			pc = migrationConfig(name, mode)
-			if err := cl.Create(ctx, pc); err != nil {
-				t.Fatal(err)
-			}
-			return pc.Generation
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		setMode(pc, mode)
-		if err := cl.Update(ctx, pc); apierrors.IsConflict(err) {
-			continue
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return pc.Generation
-	}
-	t.Fatalf("ProxyConfig %s: updates kept conflicting", name)
-	return 0
-}
-
 // rollout applies mode and waits for the rollout to finish, logging each
 // change of the picture (and handing it to onChange).
 func rollout(t *testing.T, c *Cluster, cl client.Client, name string, mode v1alpha1.ProxyMode, onChange func(e2e.Snapshot)) e2e.Snapshot {
 	t.Helper()
 	start := time.Now()
-	gen := applyMode(t, cl, name, mode)
+	gen, err := ApplyMode(t.Context(), cl, name, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s, err := e2e.WaitDone(t.Context(), cl, name, gen, 10*time.Minute, func(s e2e.Snapshot) {
 		t.Logf("%6.1fs %s", time.Since(start).Seconds(), s.Line())
 		if onChange != nil {
