@@ -104,6 +104,14 @@ demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables und
 	go build -o bin/demo ./hack/demo
 	exec bin/demo $(DEMO_FLAGS)
 
+.PHONY: demo-real
+demo-real: ## Demo on real kubelets: kube-proxy (iptables) -> proxyshift nftables -> kube-proxy under traffic, node by node, then torn down; as root. DEMO_REAL_FLAGS="-no-back -rate 20"
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo-real needs root: it runs kubelets and containerd in network namespaces. Run: sudo make demo-real" >&2; exit 1; fi
+	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
+	go build -o bin/demo-real ./hack/demo-real
+	exec bin/demo-real $(DEMO_REAL_FLAGS)
+
 .PHONY: run
 run: ## Run the operator against the cluster in $KUBECONFIG.
 	go run ./cmd/operator --leader-elect=false

@@ -27,7 +27,6 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -271,49 +270,14 @@ func (d *demo) run(ctx context.Context) (err error) {
 	return nil
 }
 
-// rollout applies mode and follows the rollout to its end, printing a line
-// per change (and the traffic every 5 seconds when nothing changes).
+// rollout applies mode and follows the rollout to its end (e2e.Follow).
 func (d *demo) rollout(ctx context.Context, mode v1alpha1.ProxyMode, tr *e2e.Traffic) (e2e.Snapshot, time.Duration, error) {
 	start := time.Now()
 	gen, err := e2e.ApplyMode(ctx, d.c.Client, e2e.ConfigName, mode, d.nodeTimeout)
 	if err != nil {
 		return e2e.Snapshot{}, 0, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var lastPrint atomic.Int64
-	lastPrint.Store(time.Now().UnixNano())
-	quiet := func() time.Duration { return time.Duration(time.Now().UnixNano() - lastPrint.Load()) }
-	go func() { // the traffic, when nothing else is printed for a while
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if tr != nil && quiet() > 5*time.Second {
-					lastPrint.Store(time.Now().UnixNano())
-					d.say("  ... requests %d sent, %d failed", tr.Sent.Load(), tr.Failed.Load())
-				}
-			}
-		}
-	}()
-	s, err := e2e.WaitDone(ctx, d.c.Client, e2e.ConfigName, gen, 4*time.Minute, func(s e2e.Snapshot) {
-		if s.Config == nil {
-			return
-		}
-		lastPrint.Store(time.Now().UnixNano())
-		st := s.Config.Status
-		line := fmt.Sprintf("  %s %-11s", bar(st.Nodes.Updated, st.Nodes.Selected), orDash(string(st.Phase)))
-		for _, n := range s.Nodes {
-			line += fmt.Sprintf(" │ %s %-29s", n.Name, e2e.NodeText(n))
-		}
-		if tr != nil {
-			line += fmt.Sprintf(" │ req %d fail %d", tr.Sent.Load(), tr.Failed.Load())
-		}
-		d.say("%s", line)
-	})
+	s, err := e2e.Follow(ctx, d.c.Client, e2e.ConfigName, gen, 4*time.Minute, tr, d.say)
 	if err != nil && s.Config != nil && s.Config.Status.ObservedGeneration < gen {
 		tail := ""
 		if d.c.Operator != nil {
@@ -324,20 +288,6 @@ func (d *demo) rollout(ctx context.Context, mode v1alpha1.ProxyMode, tr *e2e.Tra
 		err = fmt.Errorf("%w\n      The proxyshift-operator binary did not act on the ProxyConfig. The end of its log:\n%s", err, tail)
 	}
 	return s, time.Since(start), err
-}
-
-func bar(done, total int32) string {
-	if total <= 0 {
-		return "[   ]"
-	}
-	return "[" + strings.Repeat("#", int(done)) + strings.Repeat(".", int(max(0, total-done))) + "]"
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func yesNo(b bool) string {

@@ -39,7 +39,8 @@ import (
 type Target struct {
 	// Name labels the target in reports ("web via node-1").
 	Name string
-	From *cluster.Host
+	// From is the namespace the requests are sent from.
+	From *netlab.NetNS
 	Addr netip.AddrPort
 }
 
@@ -63,10 +64,10 @@ func Targets(c *cluster.Cluster) ([]Target, error) {
 				return nil, err
 			}
 		}
-		ts = append(ts, Target{Name: "ClusterIP via " + n.Name, From: h, Addr: web.ClusterAddr()})
+		ts = append(ts, Target{Name: "ClusterIP via " + n.Name, From: h.NS, Addr: web.ClusterAddr()})
 	}
 	for _, n := range c.Nodes {
-		ts = append(ts, Target{Name: "NodePort " + n.Name, From: c.ClientHost(), Addr: np.NodePortAddr(n)})
+		ts = append(ts, Target{Name: "NodePort " + n.Name, From: c.ClientHost().NS, Addr: np.NodePortAddr(n)})
 	}
 	return ts, nil
 }
@@ -136,7 +137,7 @@ func (t *Traffic) run(ctx context.Context, targets []Target, rate int, timeout t
 		tg := targets[i%len(targets)]
 		wg.Go(func() {
 			defer func() { <-inflight }()
-			name, err := tg.From.NS.Request(netlab.TCP, tg.Addr, timeout)
+			name, err := tg.From.Request(netlab.TCP, tg.Addr, timeout)
 			t.Sent.Add(1)
 			t.mu.Lock()
 			defer t.mu.Unlock()
@@ -360,6 +361,56 @@ func WaitDone(ctx context.Context, c client.Client, name string, gen int64, time
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// Follow waits for the rollout like WaitDone and shows it through say: a
+// line per change of the picture (a bar of the nodes updated, the
+// rollout's phase, each node's modes and phase, and the traffic's counts
+// when tr is set), and the traffic alone every 5 seconds when nothing else
+// was said. It is the demos' progress view.
+func Follow(ctx context.Context, c client.Client, name string, gen int64, timeout time.Duration, tr *Traffic, say func(format string, args ...any)) (Snapshot, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var lastSaid atomic.Int64
+	lastSaid.Store(time.Now().UnixNano())
+	quiet := func() time.Duration { return time.Duration(time.Now().UnixNano() - lastSaid.Load()) }
+	if tr != nil {
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if quiet() > 5*time.Second {
+						lastSaid.Store(time.Now().UnixNano())
+						say("  ... requests %d sent, %d failed", tr.Sent.Load(), tr.Failed.Load())
+					}
+				}
+			}
+		}()
+	}
+	return WaitDone(ctx, c, name, gen, timeout, func(s Snapshot) {
+		lastSaid.Store(time.Now().UnixNano())
+		st := s.Config.Status
+		line := fmt.Sprintf("  %s %-11s", bar(st.Nodes.Updated, st.Nodes.Selected), orDash(string(st.Phase)))
+		for _, n := range s.Nodes {
+			line += fmt.Sprintf(" │ %s %-29s", n.Name, NodeText(n))
+		}
+		if tr != nil {
+			line += fmt.Sprintf(" │ req %d fail %d", tr.Sent.Load(), tr.Failed.Load())
+		}
+		say("%s", line)
+	})
+}
+
+// bar draws done of total nodes: [##.].
+func bar(done, total int32) string {
+	if total <= 0 {
+		return "[   ]"
+	}
+	return "[" + strings.Repeat("#", int(done)) + strings.Repeat(".", int(max(0, total-done))) + "]"
 }
 
 // WaitNodesActive waits (polling, bounded by timeout) until every ProxyNode

@@ -7,6 +7,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/test/harness"
 )
 
@@ -44,4 +49,17 @@ func (c *Cluster) InstallProxyshift(ctx context.Context) ([]harness.Timing, erro
 	}
 	timings = append(timings, harness.Timing{Step: "kubectl apply -k config/local until every pod is Ready", Duration: time.Since(start)})
 	return timings, nil
+}
+
+// ProxyshiftClient is a client of the cluster's API server that knows
+// Kubernetes' kinds and proxyshift's.
+func (c *Cluster) ProxyshiftClient() (client.Client, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.New(c.Config, client.Options{Scheme: scheme})
 }

@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -130,18 +128,10 @@ func checkInstall(t *testing.T, c *Cluster) {
 // nft list ruleset output.
 var proxyshiftObjects = regexp.MustCompile(`PROXYSHIFT-|table (ip|ip6|inet) proxyshift\b`)
 
-// proxyshiftClient is a client of the cluster that knows proxyshift's
-// kinds.
+// proxyshiftClient is c.ProxyshiftClient, failing the test on error.
 func proxyshiftClient(t *testing.T, c *Cluster) client.Client {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: scheme})
+	cl, err := c.ProxyshiftClient()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/test/e2e"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -253,84 +252,31 @@ func requirePlacement(t *testing.T, c *Cluster, nodes []string) {
 	})
 }
 
-// nodeObjects is what one node's kernel holds of kube-proxy and of
-// proxyshift: chains by backend and table (iptables-legacy-save and
-// iptables-nft-save, both families) and nftables tables (nft list
-// tables), named as cleanup.KubeProxy and cleanup.Proxyshift own them.
-type nodeObjects struct {
-	kubeProxy, proxyshift []string
-	nftTables             string
-}
-
-func readNodeObjects(t *testing.T, n *Node) nodeObjects {
-	t.Helper()
-	var o nodeObjects
-	for _, bin := range []string{"iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save"} {
-		out, err := n.Exec(t.Context(), bin)
-		if err != nil {
-			t.Fatalf("%s: %s: %v", n.Name, bin, err)
-		}
-		table := ""
-		for _, line := range strings.Split(string(out), "\n") {
-			if name, ok := strings.CutPrefix(line, "*"); ok {
-				table = name
-			}
-			chain, ok := strings.CutPrefix(line, ":")
-			if !ok {
-				continue
-			}
-			chain, _, _ = strings.Cut(chain, " ")
-			where := fmt.Sprintf("%s %s %s", bin, table, chain)
-			if cleanup.KubeProxy.Chain(table, chain) {
-				o.kubeProxy = append(o.kubeProxy, where)
-			}
-			if cleanup.Proxyshift.Chain(table, chain) {
-				o.proxyshift = append(o.proxyshift, where)
-			}
-		}
-	}
-	out, err := n.Exec(t.Context(), "nft", "list", "tables")
-	if err != nil {
-		t.Fatalf("%s: nft list tables: %v", n.Name, err)
-	}
-	o.nftTables = string(out)
-	for _, line := range strings.Split(o.nftTables, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 || f[0] != "table" {
-			continue
-		}
-		if cleanup.KubeProxy.NFTTable(f[2]) {
-			o.kubeProxy = append(o.kubeProxy, "nft "+f[1]+" "+f[2])
-		}
-		if cleanup.Proxyshift.NFTTable(f[2]) {
-			o.proxyshift = append(o.proxyshift, "nft "+f[1]+" "+f[2])
-		}
-	}
-	return o
-}
-
 // requireOwner checks that every node's kernel holds only owner's objects:
 // kube-proxy's, or those of one of proxyshift's modes.
 func requireOwner(t *testing.T, c *Cluster, owner v1alpha1.ProxyMode) {
 	t.Helper()
 	for _, n := range c.Nodes {
-		o := readNodeObjects(t, n)
+		o, err := n.Objects(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
 		switch owner {
 		case v1alpha1.ModeKubeProxy:
-			if len(o.proxyshift) > 0 {
-				t.Errorf("%s: proxyshift's objects left after the hand-back: %v", n.Name, o.proxyshift)
+			if len(o.Proxyshift) > 0 {
+				t.Errorf("%s: proxyshift's objects left after the hand-back: %v", n.Name, o.Proxyshift)
 			}
-			if !slices.ContainsFunc(o.kubeProxy, func(s string) bool { return strings.HasSuffix(s, " nat KUBE-SERVICES") }) {
-				t.Errorf("%s: kube-proxy's KUBE-SERVICES is not there: %v", n.Name, o.kubeProxy)
+			if !slices.ContainsFunc(o.KubeProxy, func(s string) bool { return strings.HasSuffix(s, " nat KUBE-SERVICES") }) {
+				t.Errorf("%s: kube-proxy's KUBE-SERVICES is not there: %v", n.Name, o.KubeProxy)
 			}
 		default:
-			if len(o.kubeProxy) > 0 {
-				t.Errorf("%s: kube-proxy's objects left after the takeover: %v", n.Name, o.kubeProxy)
+			if len(o.KubeProxy) > 0 {
+				t.Errorf("%s: kube-proxy's objects left after the takeover: %v", n.Name, o.KubeProxy)
 			}
-			nftOwn := slices.ContainsFunc(o.proxyshift, func(s string) bool { return strings.HasPrefix(s, "nft ") && strings.HasSuffix(s, " proxyshift") })
-			iptOwn := slices.ContainsFunc(o.proxyshift, func(s string) bool { return strings.Contains(s, "PROXYSHIFT-") })
+			nftOwn := slices.ContainsFunc(o.Proxyshift, func(s string) bool { return strings.HasPrefix(s, "nft ") && strings.HasSuffix(s, " proxyshift") })
+			iptOwn := slices.ContainsFunc(o.Proxyshift, func(s string) bool { return strings.Contains(s, "PROXYSHIFT-") })
 			if owner == v1alpha1.ModeNFTables && (!nftOwn || iptOwn) || owner == v1alpha1.ModeIPTables && (nftOwn || !iptOwn) {
-				t.Errorf("%s: want only proxyshift's %s objects, the kernel holds %v", n.Name, owner, o.proxyshift)
+				t.Errorf("%s: want only proxyshift's %s objects, the kernel holds %v", n.Name, owner, o.Proxyshift)
 			}
 		}
 	}
