@@ -121,6 +121,9 @@ func (p *pass) moveBack(n *nodeState) *v1alpha1.ProxyNode {
 		DesiredMode: v1alpha1.ProxyMode(pn.Annotations[AnnotationPreviousMode]),
 		ConfigRef:   previousConfig(pn.Annotations[AnnotationPreviousConfig], p.cfg.Name),
 		Settings:    settings,
+		// The handover controller's word stays: the node's kube-proxy
+		// has not moved because of a rollback.
+		KubeProxyStopped: pn.Spec.KubeProxyStopped,
 	}
 	n.rolledBack, n.atTarget, n.converged, n.failed, n.inTransition = true, false, false, false, true
 	return pn
