@@ -66,20 +66,28 @@ func (r *HandoverReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctr
 			"daemonSet", in.DaemonSetName, "nodes", res.Conflicts)
 	}
 
+	// Each event is recorded once the write it announces succeeded, even
+	// when a later write of the pass fails (the next pass would not
+	// announce it again).
+	done := map[string]bool{"": true}
+	defer func() { r.record(in.DaemonSet, res, done) }()
 	if ds := res.DaemonSet; ds != nil {
 		if err := r.Client.Update(ctx, ds); err != nil {
 			return r.retry(err, "update DaemonSet "+in.DaemonSetName)
 		}
+		done[handover.WriteDaemonSet] = true
 	}
 	for _, name := range res.Label {
 		if err := r.label(ctx, name, handover.LabelValue); err != nil {
 			return r.retry(err, "label Node "+name)
 		}
+		done[handover.NodeWrite(name)] = true
 	}
 	for _, name := range res.Unlabel {
 		if err := r.label(ctx, name, ""); err != nil {
 			return r.retry(err, "unlabel Node "+name)
 		}
+		done[handover.NodeWrite(name)] = true
 	}
 	for _, pn := range res.ProxyNodes {
 		// An update from the cached copy: a conflict with the ProxyConfig
@@ -87,8 +95,8 @@ func (r *HandoverReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctr
 		if err := r.Client.Update(ctx, pn); err != nil {
 			return r.retry(err, "update ProxyNode "+pn.Name)
 		}
+		done[handover.ProxyNodeWrite(pn.Name)] = true
 	}
-	r.record(in.DaemonSet, res)
 	return ctrl.Result{}, nil
 }
 
@@ -159,10 +167,10 @@ func (r *HandoverReconciler) label(ctx context.Context, node, value string) erro
 	return r.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
 }
 
-// record records the pass's events: those about a node on its ProxyNode,
-// the others on the DaemonSet; a conflict's Warning only when the node
-// was not in conflict on the last pass.
-func (r *HandoverReconciler) record(ds *appsv1.DaemonSet, res handover.Result) {
+// record records the pass's events whose write is done: those about a
+// node on its ProxyNode, the others on the DaemonSet; a conflict's Warning
+// only when the node was not in conflict on the last pass.
+func (r *HandoverReconciler) record(ds *appsv1.DaemonSet, res handover.Result, done map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := map[string]bool{}
@@ -175,7 +183,7 @@ func (r *HandoverReconciler) record(ds *appsv1.DaemonSet, res handover.Result) {
 		return
 	}
 	for _, e := range res.Events {
-		if e.Reason == handover.EventDaemonSetNotFound && warned[e.Node] {
+		if !done[e.After] || (e.Reason == handover.EventDaemonSetNotFound && warned[e.Node]) {
 			continue
 		}
 		typ := corev1.EventTypeNormal

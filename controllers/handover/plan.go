@@ -89,7 +89,20 @@ type Event struct {
 	Reason  string
 	Node    string
 	Message string
+	// After is the write the event announces (WriteDaemonSet, or
+	// NodeWrite or ProxyNodeWrite of a node): it is recorded only once
+	// that write succeeded. Empty: recorded at once.
+	After string
 }
+
+// WriteDaemonSet names the write of Result.DaemonSet.
+const WriteDaemonSet = "DaemonSet"
+
+// NodeWrite names the write of a node's label.
+func NodeWrite(node string) string { return "Node/" + node }
+
+// ProxyNodeWrite names the write of a ProxyNode's spec.kubeProxyStopped.
+func ProxyNodeWrite(node string) string { return "ProxyNode/" + node }
 
 // Result is what to write.
 type Result struct {
@@ -102,8 +115,7 @@ type Result struct {
 	// ProxyNodes are modified copies (same resourceVersion) whose
 	// spec.kubeProxyStopped changes.
 	ProxyNodes []*v1alpha1.ProxyNode
-	// Events are the events of this pass; those of the writes above are
-	// to be recorded once the write succeeded.
+	// Events are the events of this pass.
 	Events []Event
 	// Conflicts name the nodes that report kube-proxy's objects while its
 	// DaemonSet is missing, sorted.
@@ -149,27 +161,27 @@ func Plan(in Input) Result {
 			anyOff = true
 			if !labelled && affinity && in.Nodes[name] {
 				res.Label = append(res.Label, name)
-				res.Events = append(res.Events, Event{Reason: EventStopping, Node: name,
+				res.Events = append(res.Events, Event{Reason: EventStopping, Node: name, After: NodeWrite(name),
 					Message: fmt.Sprintf("%s: proxyshift serves the node; kube-proxy is leaving it (label %s=%s)", name, LabelKey, LabelValue)})
 			}
 		case On:
 			if labelled {
 				labelled = false
 				res.Unlabel = append(res.Unlabel, name)
-				res.Events = append(res.Events, Event{Reason: EventReturning, Node: name,
+				res.Events = append(res.Events, Event{Reason: EventReturning, Node: name, After: NodeWrite(name),
 					Message: fmt.Sprintf("%s: kube-proxy is coming back to the node (label %s removed)", name, LabelKey)})
 			}
 		}
 		anyLabelled = anyLabelled || in.Labelled[name] // removed labels count until the cache shows them gone
 		stopped := labelled && !podOn[name]
 		if stopped && !pn.Spec.KubeProxyStopped {
-			res.Events = append(res.Events, Event{Reason: EventStopped, Node: name,
+			res.Events = append(res.Events, Event{Reason: EventStopped, Node: name, After: ProxyNodeWrite(name),
 				Message: fmt.Sprintf("%s: kube-proxy's pod has left the node", name)})
 		}
 		res.setStopped(pn, stopped)
 	}
-	for name := range in.Labelled {
-		if in.ProxyNodes[name] == nil {
+	for name, l := range in.Labelled {
+		if l && in.ProxyNodes[name] == nil {
 			anyLabelled = true // a node whose ProxyNode is not there (yet)
 		}
 	}
@@ -180,18 +192,18 @@ func Plan(in Input) Result {
 		if !affinity {
 			res.DaemonSet = ds.DeepCopy()
 			addAffinity(res.DaemonSet)
-			res.Events = append(res.Events, Event{Reason: EventAffinityAdded,
+			res.Events = append(res.Events, Event{Reason: EventAffinityAdded, After: WriteDaemonSet,
 				Message: fmt.Sprintf("kube-proxy's pods no longer run on nodes labelled %s=%s", LabelKey, LabelValue)})
 		}
 	case ours:
 		res.DaemonSet = ds.DeepCopy()
 		removeAffinity(res.DaemonSet)
-		res.Events = append(res.Events, Event{Reason: EventAffinityRemoved,
+		res.Events = append(res.Events, Event{Reason: EventAffinityRemoved, After: WriteDaemonSet,
 			Message: fmt.Sprintf("kube-proxy's pods may run on every node again (node affinity on %s removed)", LabelKey)})
 	case !affinity && ds.Annotations[AnnotationStrategy] != "" && rolled(ds):
 		res.DaemonSet = ds.DeepCopy()
 		restoreStrategy(res.DaemonSet)
-		res.Events = append(res.Events, Event{Reason: EventStrategyRestored,
+		res.Events = append(res.Events, Event{Reason: EventStrategyRestored, After: WriteDaemonSet,
 			Message: "kube-proxy's pods are back on every node; its update strategy is as it was"})
 	}
 	return res

@@ -190,6 +190,10 @@ func TestPlan(t *testing.T) {
 			}(), handBack("a")),
 			dsChange: "restore", events: []string{EventStrategyRestored},
 		},
+		"nodes without a ProxyNode yet, unlabelled: nothing": {
+			w:   newWorld(daemonSet(), proxyNode("a", "", "", "")),
+			mut: func(w *world) { w.in.Labelled["b"], w.in.Nodes["b"] = false, true },
+		},
 		"a labelled node keeps the affinity": {
 			w:   newWorld(withAffinity(), proxyNode("a", "", "", "")),
 			mut: func(w *world) { w.in.Labelled["a"] = true; w.in.Labelled["gone"] = true },
