@@ -25,6 +25,7 @@ func TestRelevantChange(t *testing.T) {
 		"annotation":        {func(p *v1alpha1.ProxyNode) { p.Annotations["a"] = "c" }, true},
 		"active mode":       {func(p *v1alpha1.ProxyNode) { p.Status.ActiveMode = v1alpha1.ModeIPVS }, true},
 		"phase":             {func(p *v1alpha1.ProxyNode) { p.Status.Phase = v1alpha1.NodeProgramming }, true},
+		"kube-proxy mode":   {func(p *v1alpha1.ProxyNode) { p.Status.KubeProxyMode = v1alpha1.ModeIPTables }, true},
 		"observed config": {func(p *v1alpha1.ProxyNode) {
 			p.Status.ObservedConfig = &v1alpha1.ConfigReference{Name: "pc", Generation: 1}
 		}, true},

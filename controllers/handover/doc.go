@@ -16,10 +16,12 @@
 // puts one back when the label goes. Required nodeSelectorTerms are ORed,
 // so the requirement is added to every term; a DaemonSet with no required
 // terms gets one term holding only it. AnnotationAffinity on the
-// DaemonSet records what was added (which of the affinity's levels
-// proxyshift created, and whether the term is its own), and undoing
-// removes exactly that: the requirement from every term, the term and the
-// levels proxyshift created, nothing a person or another tool put there.
+// DaemonSet records that proxyshift added it, and which of the affinity's
+// levels (affinity, nodeAffinity, the required selector) it created.
+// Undoing removes exactly that: the requirement from every term, a term
+// it leaves empty (one that held only the requirement), and the levels
+// proxyshift created when nothing else is in them; nothing a person or
+// another tool put there. Only a DaemonSet carrying the record is undone.
 //
 // # Why the rollout strategy changes too
 //

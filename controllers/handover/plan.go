@@ -45,6 +45,7 @@ func Want(pn *v1alpha1.ProxyNode) Need {
 
 // Pod is what the planner needs of a pod in the DaemonSet's namespace.
 type Pod struct {
+	// Labels are matched against the DaemonSet's selector.
 	Labels map[string]string
 	// Node is the node it is bound to (spec.nodeName); empty when not
 	// scheduled yet.
@@ -85,9 +86,13 @@ const (
 // Event is an event to record; Node names the ProxyNode it is about, or
 // is empty for the DaemonSet.
 type Event struct {
+	// Warning is true for Warning events, false for Normal ones.
 	Warning bool
-	Reason  string
-	Node    string
+	// Reason is one of the Event* reasons.
+	Reason string
+	// Node names the node (and ProxyNode) the event is about, if any.
+	Node string
+	// Message says what happened, naming the node.
 	Message string
 	// After is the write the event announces (WriteDaemonSet, or
 	// NodeWrite or ProxyNodeWrite of a node): it is recorded only once
