@@ -13,6 +13,11 @@
 //   - controllers/preflight: checks a node's kernel facts against what a
 //     mode needs (preflight.Problems). What a mode needs, and the rest of
 //     what the operator and the agent agree on, is api/contract.
+//   - HandoverReconciler and controllers/handover: stop kube-proxy on the
+//     nodes proxyshift takes over and let it back on the nodes handed back
+//     (a node label, an affinity on kube-proxy's DaemonSet, and each
+//     ProxyNode's spec.kubeProxyStopped); handover.Plan decides, the
+//     package doc says why it is done that way.
 //
 // # A rollout's memory lives in the API
 //
@@ -134,13 +139,19 @@ package controllers
 // lists and watches ProxyConfigs, ProxyNodes and Nodes (the manager's
 // cache serves every get), writes ProxyConfig status and ProxyNodes,
 // records Events (events.k8s.io), and checks the tokens that scrape its
-// metrics (TokenReviews, SubjectAccessReviews). Leader election's Lease
-// and its Events are a Role in its own namespace (config/rbac).
+// metrics (TokenReviews, SubjectAccessReviews). For the handover it
+// watches kube-proxy's DaemonSet and updates it (its node affinity and
+// update strategy), watches the pods of its namespace (which nodes still
+// run kube-proxy), and patches Nodes (the handover label). Leader
+// election's Lease and its Events are a Role in its own namespace
+// (config/rbac).
 //
 // +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs,verbs=list;watch
 // +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxyconfigs/status,verbs=update
 // +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=list;watch;create;update;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=list;watch;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

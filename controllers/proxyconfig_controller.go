@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,6 +65,9 @@ type ProxyConfigReconciler struct {
 	// StatusCoalesce is DefaultStatusCoalesce when zero; negative writes
 	// every change at once.
 	StatusCoalesce time.Duration
+	// KubeProxyDaemonSet is kube-proxy's DaemonSet, whose existence the
+	// planner checks (plan.KubeProxy); the zero value: no kube-proxy.
+	KubeProxyDaemonSet types.NamespacedName
 
 	mu            sync.Mutex
 	states        map[string]*configState
@@ -206,8 +210,12 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
 
+	kp, err := r.kubeProxy(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	tList := time.Since(now)
-	res := plan.Plan(plan.Input{Config: cfg, Others: configs.Items, Nodes: nodes, ProxyNodes: pns, Now: now})
+	res := plan.Plan(plan.Input{Config: cfg, Others: configs.Items, Nodes: nodes, ProxyNodes: pns, Now: now, KubeProxy: kp})
 	tPlan := time.Since(now) - tList
 	defer func() {
 		log.V(1).Info("planned", "phase", res.Status.Phase, "updated", res.Status.Nodes.Summary, "create", len(res.Create),
@@ -301,6 +309,20 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 
 	r.recordEvents(cfg, cs, res, pns)
 	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// kubeProxy says which kube-proxy DaemonSet is configured and whether the
+// cache holds it.
+func (r *ProxyConfigReconciler) kubeProxy(ctx context.Context) (plan.KubeProxy, error) {
+	ds := r.KubeProxyDaemonSet
+	if ds.Name == "" {
+		return plan.KubeProxy{}, nil
+	}
+	err := r.Client.Get(ctx, ds, &appsv1.DaemonSet{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return plan.KubeProxy{}, err
+	}
+	return plan.KubeProxy{DaemonSet: ds.String(), Found: err == nil}, nil
 }
 
 // unmet returns a ProxyNode whose expected change the cache does not show

@@ -2,10 +2,14 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -22,15 +26,41 @@ import (
 	"github.com/proxyshift/proxyshift/controllers/plan"
 )
 
+// DefaultKubeProxyDaemonSet is where kubeadm puts kube-proxy's DaemonSet.
+var DefaultKubeProxyDaemonSet = types.NamespacedName{Namespace: "kube-system", Name: "kube-proxy"}
+
+// Options are the operator's settings beyond the manager's.
+type Options struct {
+	// KubeProxyDaemonSet is kube-proxy's DaemonSet; the zero value says
+	// the cluster has no kube-proxy (see controllers/handover).
+	KubeProxyDaemonSet types.NamespacedName
+}
+
+// ParseDaemonSet reads "namespace/name" (the --kube-proxy-daemonset flag);
+// "" is the zero value: no kube-proxy.
+func ParseDaemonSet(s string) (types.NamespacedName, error) {
+	if s == "" {
+		return types.NamespacedName{}, nil
+	}
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return types.NamespacedName{}, fmt.Errorf("%q is not namespace/name", s)
+	}
+	return types.NamespacedName{Namespace: ns, Name: name}, nil
+}
+
 // CacheOptions are the cache settings the operator should run its manager
 // with. Cached objects keep only what the operator reads: managed fields
 // go from everything; Node metadata keeps name, UID, labels and deletion
 // (node annotations are often large); ProxyNode status loses the sync
 // figures the agent refreshes all the time. ProxyNode metadata and spec
 // stay whole, because the reconciler updates ProxyNodes from the cache.
-func CacheOptions() cache.Options {
+// With a kube-proxy DaemonSet, the cache holds that DaemonSet only (whole:
+// it is updated from the cache) and the pods of its namespace only, each
+// trimmed to its name, labels, deletion and node.
+func CacheOptions(opts Options) cache.Options {
 	strip := cache.TransformStripManagedFields()
-	return cache.Options{DefaultTransform: func(in any) (any, error) {
+	co := cache.Options{DefaultTransform: func(in any) (any, error) {
 		out, err := strip(in)
 		if err != nil {
 			return out, err
@@ -46,25 +76,45 @@ func CacheOptions() cache.Options {
 			if st.Kernel != nil {
 				st.Kernel.Version, st.Kernel.ReportedTime = "", nil
 			}
+		case *corev1.Pod:
+			return &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace, UID: o.UID, ResourceVersion: o.ResourceVersion,
+					Labels: o.Labels, DeletionTimestamp: o.DeletionTimestamp},
+				Spec: corev1.PodSpec{NodeName: o.Spec.NodeName},
+			}, nil
 		}
 		return out, nil
 	}}
+	if ds := opts.KubeProxyDaemonSet; ds.Name != "" {
+		co.ByObject = map[client.Object]cache.ByObject{
+			&appsv1.DaemonSet{}: {Namespaces: map[string]cache.Config{ds.Namespace: {}}, Field: fields.OneTermEqualSelector("metadata.name", ds.Name)},
+			&corev1.Pod{}:       {Namespaces: map[string]cache.Config{ds.Namespace: {}}},
+		}
+	}
+	return co
 }
 
 // SetupWithManager builds the operator's reconcilers from the manager and
-// registers them: the ProxyConfig reconciler (returned) and the one that
-// gives every Node its ProxyNode. It is what cmd/operator calls.
-func SetupWithManager(mgr ctrl.Manager) (*ProxyConfigReconciler, error) {
+// registers them: the ProxyConfig reconciler (returned), the one that
+// gives every Node its ProxyNode, and the one that stops and restarts
+// kube-proxy per node. It is what cmd/operator calls, with the manager
+// built with CacheOptions(opts).
+func SetupWithManager(mgr ctrl.Manager, opts Options) (*ProxyConfigReconciler, error) {
 	r := &ProxyConfigReconciler{
-		Client:    mgr.GetClient(),
-		Cache:     mgr.GetCache(),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder(ControllerName),
+		Client:             mgr.GetClient(),
+		Cache:              mgr.GetCache(),
+		APIReader:          mgr.GetAPIReader(),
+		Recorder:           mgr.GetEventRecorder(ControllerName),
+		KubeProxyDaemonSet: opts.KubeProxyDaemonSet,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	return r, (&ProxyNodeReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
+	if err := (&ProxyNodeReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	h := &HandoverReconciler{Client: mgr.GetClient(), DaemonSet: opts.KubeProxyDaemonSet, Recorder: mgr.GetEventRecorder(HandoverControllerName)}
+	return r, h.SetupWithManager(mgr)
 }
 
 // SetupWithManager registers the reconciler and its watches: ProxyConfigs
@@ -78,7 +128,7 @@ func (r *ProxyConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Client = mgr.GetClient()
 	}
 	m := &mapper{c: mgr.GetClient()}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&v1alpha1.ProxyConfig{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.ProxyConfig{}, handler.Funcs{
@@ -123,8 +173,27 @@ func (r *ProxyConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				m.forProxyNode(ctx, q, e.Object)
 			},
-		}).
-		Complete(r)
+		})
+	if ds := r.KubeProxyDaemonSet; ds.Name != "" {
+		// Whether kube-proxy's DaemonSet exists is part of every plan's
+		// preflight: its creation or deletion re-plans every config.
+		everyConfig := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			m.others(ctx, "", q)
+		}
+		b = b.Watches(&appsv1.DaemonSet{}, handler.Funcs{
+			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				if client.ObjectKeyFromObject(e.Object) == ds {
+					everyConfig(ctx, q)
+				}
+			},
+			DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				if client.ObjectKeyFromObject(e.Object) == ds {
+					everyConfig(ctx, q)
+				}
+			},
+		})
+	}
+	return b.Complete(r)
 }
 
 // relevantChange says whether a ProxyNode update can change a plan: its
@@ -137,7 +206,7 @@ func relevantChange(o, n *v1alpha1.ProxyNode) bool {
 		return true
 	}
 	os, ns := &o.Status, &n.Status
-	if os.ActiveMode != ns.ActiveMode || os.Phase != ns.Phase || !apiequality.Semantic.DeepEqual(os.ObservedConfig, ns.ObservedConfig) {
+	if os.ActiveMode != ns.ActiveMode || os.Phase != ns.Phase || os.KubeProxyMode != ns.KubeProxyMode || !apiequality.Semantic.DeepEqual(os.ObservedConfig, ns.ObservedConfig) {
 		return true
 	}
 	if (os.Kernel == nil) != (ns.Kernel == nil) {

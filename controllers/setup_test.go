@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -23,6 +25,7 @@ func TestRelevantChange(t *testing.T) {
 		"annotation":        {func(p *v1alpha1.ProxyNode) { p.Annotations["a"] = "c" }, true},
 		"active mode":       {func(p *v1alpha1.ProxyNode) { p.Status.ActiveMode = v1alpha1.ModeIPVS }, true},
 		"phase":             {func(p *v1alpha1.ProxyNode) { p.Status.Phase = v1alpha1.NodeProgramming }, true},
+		"kube-proxy mode":   {func(p *v1alpha1.ProxyNode) { p.Status.KubeProxyMode = v1alpha1.ModeIPTables }, true},
 		"observed config": {func(p *v1alpha1.ProxyNode) {
 			p.Status.ObservedConfig = &v1alpha1.ConfigReference{Name: "pc", Generation: 1}
 		}, true},
@@ -43,7 +46,7 @@ func TestRelevantChange(t *testing.T) {
 }
 
 func TestCacheTransform(t *testing.T) {
-	tr := CacheOptions().DefaultTransform
+	tr := CacheOptions(Options{}).DefaultTransform
 	p := pn()
 	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "x"}}
 	p.Status.LastSyncTime = &metav1.Time{Time: time.Now()}
@@ -64,5 +67,31 @@ func TestCacheTransform(t *testing.T) {
 	out, _ = tr(node)
 	if m := out.(*metav1.PartialObjectMetadata); m.Annotations != nil || m.Labels["l"] != "v" {
 		t.Errorf("node metadata %+v", m)
+	}
+	now := metav1.Now()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy-x", Labels: map[string]string{"k8s-app": "kube-proxy"},
+			Annotations: map[string]string{"big": "x"}, DeletionTimestamp: &now},
+		Spec:   corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "kube-proxy"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	out, _ = tr(pod)
+	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy-x", Labels: pod.Labels, DeletionTimestamp: &now},
+		Spec: corev1.PodSpec{NodeName: "n"}}
+	if got := out.(*corev1.Pod); !apiequality.Semantic.DeepEqual(got, want) {
+		t.Errorf("pod %+v, want %+v", got, want)
+	}
+}
+
+func TestParseDaemonSet(t *testing.T) {
+	for in, want := range map[string]string{"": "", "kube-system/kube-proxy": "kube-system/kube-proxy", "kube-proxy": "error",
+		"/kube-proxy": "error", "kube-system/": "error", "a/b/c": "error"} {
+		got, err := ParseDaemonSet(in)
+		switch {
+		case err != nil && want != "error", err == nil && want == "error":
+			t.Errorf("%q: error %v", in, err)
+		case err == nil && in != "" && got.String() != want, in == "" && got.Name != "":
+			t.Errorf("%q: %v", in, got)
+		}
 	}
 }

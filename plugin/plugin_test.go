@@ -100,6 +100,8 @@ func TestPluginAgainstAPIServer(t *testing.T) {
 				Message: "198.19.0.10:80 did not answer\nsecond line", LastTransitionTime: metav1.Now()}},
 		}},
 		{"node-c", v1alpha1.ProxyNodeSpec{}, v1alpha1.ProxyNodeStatus{Phase: v1alpha1.NodeIdle}},
+		{"node-d", v1alpha1.ProxyNodeSpec{}, v1alpha1.ProxyNodeStatus{ActiveMode: v1alpha1.ModeKubeProxy, KubeProxyMode: v1alpha1.ModeIPVS,
+			Phase: v1alpha1.NodeActive}},
 	}
 	for _, n := range nodes {
 		pn := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Spec: n.spec}

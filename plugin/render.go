@@ -63,16 +63,21 @@ func RenderStatus(w io.Writer, cfgs []v1alpha1.ProxyConfig, pns []v1alpha1.Proxy
 	return tw.Flush()
 }
 
-// RenderNodes writes one line per ProxyNode: who serves the node, what it
-// is asked for, and the last sync's figures.
+// RenderNodes writes one line per ProxyNode: who serves the node
+// (proxyshift in a mode, or kube-proxy), the mode of the kube-proxy rules
+// its kernel holds, what it is asked for, and the last sync's figures.
 func RenderNodes(w io.Writer, pns []v1alpha1.ProxyNode, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	sort.Slice(pns, func(i, j int) bool { return pns[i].Name < pns[j].Name })
-	fmt.Fprintf(tw, "NODE\tSERVED-BY\tDESIRED\tCONFIG\tPHASE\tSERVICES\tRULES\tLAST-SYNC\tCONDITION\n")
+	fmt.Fprintf(tw, "NODE\tSERVED-BY\tKUBE-PROXY\tDESIRED\tCONFIG\tPHASE\tSERVICES\tRULES\tLAST-SYNC\tCONDITION\n")
 	for _, pn := range pns {
 		st := pn.Status
 		served := none
-		if st.ActiveMode != "" {
+		switch st.ActiveMode {
+		case "":
+		case v1alpha1.ModeKubeProxy:
+			served = string(st.ActiveMode)
+		default:
 			served = "proxyshift/" + string(st.ActiveMode)
 		}
 		cfg := none
@@ -86,7 +91,7 @@ func RenderNodes(w io.Writer, pns []v1alpha1.ProxyNode, now time.Time) error {
 		if st.LastSyncTime != nil {
 			synced = age(st.LastSyncTime.Time, now)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pn.Name, served, orNone(string(pn.Spec.DesiredMode)), cfg,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pn.Name, served, orNone(string(st.KubeProxyMode)), orNone(string(pn.Spec.DesiredMode)), cfg,
 			orNone(string(st.Phase)), services, rules, synced, unhealthy(pn))
 	}
 	return tw.Flush()

@@ -32,6 +32,7 @@ func main() {
 		leaderElect   bool
 		leaderElectNS string
 		leaderElectID string
+		kubeProxyDS   string
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated callers only: a bearer token the API server accepts (TokenReview) whose owner may get the /metrics URL (SubjectAccessReview; see the proxyshift-metrics-reader ClusterRole). false serves plain HTTP to anyone.")
@@ -40,11 +41,19 @@ func main() {
 	flag.BoolVar(&leaderElect, "leader-elect", true, "Elect a leader so only one operator replica acts at a time.")
 	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace in-cluster.")
 	flag.StringVar(&leaderElectID, "leader-election-id", "proxyshift-operator.proxyshift.io", "Name of the leader election Lease.")
+	flag.StringVar(&kubeProxyDS, "kube-proxy-daemonset", controllers.DefaultKubeProxyDaemonSet.String(), "kube-proxy's DaemonSet, namespace/name: nodes proxyshift takes over are excluded from it with a node label (its node affinity is extended once, and restored when no node needs it), and mode kube-proxy hands nodes back to it. Empty means this cluster has no kube-proxy: nothing is stopped and mode kube-proxy is refused.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
+
+	kubeProxy, err := controllers.ParseDaemonSet(kubeProxyDS)
+	if err != nil {
+		log.Error(err, "invalid --kube-proxy-daemonset")
+		os.Exit(1)
+	}
+	ctlOpts := controllers.Options{KubeProxyDaemonSet: kubeProxy}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -72,20 +81,20 @@ func main() {
 		LeaderElectionID:              leaderElectID,
 		LeaderElectionNamespace:       leaderElectNS,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         controllers.CacheOptions(),
+		Cache:                         controllers.CacheOptions(ctlOpts),
 	})
 	if err != nil {
 		log.Error(err, "unable to create the controller manager")
 		os.Exit(1)
 	}
-	if _, err := controllers.SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up the ProxyConfig controller")
+	if _, err := controllers.SetupWithManager(mgr, ctlOpts); err != nil {
+		log.Error(err, "unable to set up the controllers")
 		os.Exit(1)
 	}
 	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	utilruntime.Must(mgr.AddReadyzCheck("readyz", healthz.Ping))
 
-	log.Info("starting proxyshift-operator", "leaderElection", leaderElect)
+	log.Info("starting proxyshift-operator", "leaderElection", leaderElect, "kubeProxyDaemonSet", kubeProxyDS)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "controller manager stopped with an error")
 		os.Exit(1)

@@ -117,11 +117,11 @@ func (p *pass) moveBack(n *nodeState) *v1alpha1.ProxyNode {
 	}
 	pn.Annotations[AnnotationRolledBack] = p.rid
 	pn.Annotations[AnnotationRequestedAt] = p.now.UTC().Format(time.RFC3339Nano)
-	pn.Spec = v1alpha1.ProxyNodeSpec{
-		DesiredMode: v1alpha1.ProxyMode(pn.Annotations[AnnotationPreviousMode]),
-		ConfigRef:   previousConfig(pn.Annotations[AnnotationPreviousConfig], p.cfg.Name),
-		Settings:    settings,
-	}
+	// Only the rollout's fields: spec.kubeProxyStopped is the handover
+	// controller's.
+	pn.Spec.DesiredMode = v1alpha1.ProxyMode(pn.Annotations[AnnotationPreviousMode])
+	pn.Spec.ConfigRef = previousConfig(pn.Annotations[AnnotationPreviousConfig], p.cfg.Name)
+	pn.Spec.Settings = settings
 	n.rolledBack, n.atTarget, n.converged, n.failed, n.inTransition = true, false, false, false, true
 	return pn
 }

@@ -201,3 +201,18 @@ func assertNoMoveForwardAfterRollback(t *testing.T, log []string, target string)
 		}
 	}
 }
+
+// TestRollbackKeepsKubeProxyStopped: sending a node back rewrites its spec
+// but keeps the handover controller's spec.kubeProxyStopped.
+func TestRollbackKeepsKubeProxyStopped(t *testing.T) {
+	s := newSim(t, 3, v1alpha1.ModeNFTables)
+	s.agents["node-00"].failOn = map[v1alpha1.ProxyMode]bool{v1alpha1.ModeNFTables: true}
+	s.run(50, func() bool { return s.pns["node-00"] != nil })
+	s.pns["node-00"].Spec.KubeProxyStopped = true
+	s.run(200, func() bool {
+		return s.cfg("pc").Status.Phase == v1alpha1.RolloutFailed && s.pns["node-00"].Spec.DesiredMode == v1alpha1.ModeIPTables
+	})
+	if !s.pns["node-00"].Spec.KubeProxyStopped {
+		t.Error("the rollback cleared spec.kubeProxyStopped")
+	}
+}

@@ -191,11 +191,11 @@ func (p *pass) moveForward(n *nodeState) *v1alpha1.ProxyNode {
 	pn.Annotations[AnnotationRollout] = p.rid
 	delete(pn.Annotations, AnnotationRolledBack)
 	pn.Annotations[AnnotationRequestedAt] = p.now.UTC().Format(time.RFC3339Nano)
-	pn.Spec = v1alpha1.ProxyNodeSpec{
-		DesiredMode: p.cfg.Spec.Mode,
-		ConfigRef:   &v1alpha1.ConfigReference{Name: p.cfg.Name, Generation: p.cfg.Generation},
-		Settings:    *p.cfg.Spec.ProxySettings.DeepCopy(),
-	}
+	// Only the rollout's fields: spec.kubeProxyStopped is the handover
+	// controller's.
+	pn.Spec.DesiredMode = p.cfg.Spec.Mode
+	pn.Spec.ConfigRef = &v1alpha1.ConfigReference{Name: p.cfg.Name, Generation: p.cfg.Generation}
+	pn.Spec.Settings = *p.cfg.Spec.ProxySettings.DeepCopy()
 	if !hasOwnerRef(pn, n.node) {
 		pn.OwnerReferences = append(pn.OwnerReferences, nodeOwnerRef(n.node))
 	}

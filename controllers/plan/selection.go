@@ -168,6 +168,11 @@ func (p *pass) preflightCheck(pending []*nodeState, o *outcome) checked {
 			}
 			continue
 		}
+		if why := p.kubeProxyProblem(n.pn); why != "" {
+			pf.blocked = append(pf.blocked, n)
+			o.fail(n.name, why, true)
+			continue
+		}
 		if probs := preflight.Problems(p.cfg.Spec.Mode, &p.cfg.Spec.ProxySettings, n.pn.Status.Kernel); len(probs) > 0 {
 			pf.blocked = append(pf.blocked, n)
 			o.fail(n.name, fmt.Sprintf("cannot run %s: %s", p.cfg.Spec.Mode, strings.Join(probs, "; ")), true)
@@ -224,4 +229,27 @@ func (p *pass) latestRollout() time.Time {
 		}
 	}
 	return latest
+}
+
+// kubeProxyProblem says why the node cannot move to the target because of
+// kube-proxy's DaemonSet: handing a node back needs the DaemonSet, and
+// taking over a node that holds kube-proxy's rules needs it to stop
+// kube-proxy there first. Empty means no problem.
+func (p *pass) kubeProxyProblem(pn *v1alpha1.ProxyNode) string {
+	kp := p.in.KubeProxy
+	switch {
+	case kp.Found:
+		return ""
+	case p.cfg.Spec.Mode == v1alpha1.ModeKubeProxy && kp.DaemonSet == "":
+		return `the operator runs with --kube-proxy-daemonset="" (this cluster has no kube-proxy), so no node can be handed back to kube-proxy; ` +
+			"pass --kube-proxy-daemonset=<namespace/name> naming kube-proxy's DaemonSet"
+	case p.cfg.Spec.Mode == v1alpha1.ModeKubeProxy:
+		return fmt.Sprintf("kube-proxy's DaemonSet %s (--kube-proxy-daemonset) was not found, so no node can be handed back to kube-proxy; "+
+			"create it, or pass --kube-proxy-daemonset=<namespace/name> naming it", kp.DaemonSet)
+	case kp.DaemonSet != "" && pn.Status.KubeProxyMode != "":
+		return fmt.Sprintf("kube-proxy's %s rules are on the node but its DaemonSet %s (--kube-proxy-daemonset) was not found, so kube-proxy cannot be stopped there; "+
+			`pass --kube-proxy-daemonset=<namespace/name> naming it, or --kube-proxy-daemonset="" if kube-proxy was removed for good`,
+			pn.Status.KubeProxyMode, kp.DaemonSet)
+	}
+	return ""
 }

@@ -209,3 +209,76 @@ func TestReplacedNodeGetsFreshProxyNode(t *testing.T) {
 		return pn != nil && pn.OwnerReferences[0].UID == "uid-new" && s.cfg("pc").Status.Phase == v1alpha1.RolloutCompleted
 	})
 }
+
+// TestPreflightKubeProxyNeedsItsDaemonSet: handing nodes back to
+// kube-proxy fails preflight, naming the DaemonSet and the flag, when the
+// DaemonSet is not found or none is configured; nothing moves until it is.
+func TestPreflightKubeProxyNeedsItsDaemonSet(t *testing.T) {
+	for _, tc := range []struct {
+		kp   KubeProxy
+		want string
+	}{
+		{KubeProxy{DaemonSet: "kube-system/kube-proxy"}, "kube-proxy's DaemonSet kube-system/kube-proxy (--kube-proxy-daemonset) was not found"},
+		{KubeProxy{}, `--kube-proxy-daemonset="" (this cluster has no kube-proxy)`},
+	} {
+		s := newSim(t, 3, v1alpha1.ModeKubeProxy)
+		s.kubeProxy = tc.kp
+		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+		st := s.cfg("pc").Status
+		if len(s.specLog) != 0 {
+			t.Fatalf("nodes changed: %v", s.specLog)
+		}
+		if len(st.FailedNodes) != 3 || !strings.Contains(st.FailedNodes[0].Reason, tc.want) {
+			t.Errorf("failed nodes %+v, want reasons saying %q", st.FailedNodes, tc.want)
+		}
+		if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, tc.want) {
+			t.Errorf("Degraded %+v", c)
+		}
+		s.kubeProxy = KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true}
+		s.edit("pc", func(*v1alpha1.ProxyConfig) {}) // a person retries
+		s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+		for name, pn := range s.pns {
+			if pn.Status.ActiveMode != v1alpha1.ModeKubeProxy {
+				t.Errorf("%s runs %s", name, pn.Status.ActiveMode)
+			}
+		}
+	}
+}
+
+// TestPreflightKubeProxyRulesWithoutDaemonSet: a node holding kube-proxy's
+// rules cannot be taken over while kube-proxy's DaemonSet is not found
+// (the operator could not stop kube-proxy there); the message says what
+// to do. With no kube-proxy configured, or the DaemonSet found, it can.
+func TestPreflightKubeProxyRulesWithoutDaemonSet(t *testing.T) {
+	for _, tc := range []struct {
+		kp   KubeProxy
+		fail bool
+	}{
+		{KubeProxy{DaemonSet: "kube-system/kube-proxy"}, true},
+		{KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true}, false},
+		{KubeProxy{}, false},
+	} {
+		s := newSim(t, 3, v1alpha1.ModeNFTables)
+		s.kubeProxy = tc.kp
+		s.agents["node-01"].kubeProxyMode = v1alpha1.ModeIPTables
+		if !tc.fail {
+			s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+			continue
+		}
+		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+		st := s.cfg("pc").Status
+		if len(s.specLog) != 0 {
+			t.Fatalf("nodes changed: %v", s.specLog)
+		}
+		want := []string{"kube-proxy's iptables rules are on the node but its DaemonSet kube-system/kube-proxy (--kube-proxy-daemonset) was not found",
+			"--kube-proxy-daemonset=<namespace/name>", `--kube-proxy-daemonset="" if kube-proxy was removed for good`}
+		if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-01" {
+			t.Fatalf("failed nodes %+v", st.FailedNodes)
+		}
+		for _, w := range want {
+			if !strings.Contains(st.FailedNodes[0].Reason, w) {
+				t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
+			}
+		}
+	}
+}

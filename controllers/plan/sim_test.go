@@ -30,6 +30,8 @@ type agent struct {
 	failOn   map[v1alpha1.ProxyMode]bool
 	hang     bool // never finishes a switch
 	fallback v1alpha1.ProxyMode
+	// kubeProxyMode is the mode of the kube-proxy rules it reports.
+	kubeProxyMode v1alpha1.ProxyMode
 
 	busyUntil time.Time
 	working   string
@@ -73,6 +75,8 @@ type sim struct {
 	// updates after its status was written (a crash between the two).
 	dropNodeWrites func(step int) bool
 	step           int
+	// kubeProxy is what the operator knows of kube-proxy's DaemonSet.
+	kubeProxy KubeProxy
 }
 
 func newSim(t *testing.T, n int, mode v1alpha1.ProxyMode, mut ...func(*v1alpha1.ProxyConfig)) *sim {
@@ -128,7 +132,7 @@ func (s *sim) others() []v1alpha1.ProxyConfig {
 }
 
 func (s *sim) input(c *v1alpha1.ProxyConfig) Input {
-	return Input{Config: c.DeepCopy(), Others: s.others(), Nodes: s.nodes, ProxyNodes: s.pns, Now: s.now}
+	return Input{Config: c.DeepCopy(), Others: s.others(), Nodes: s.nodes, ProxyNodes: s.pns, Now: s.now, KubeProxy: s.kubeProxy}
 }
 
 // runAgents lets every agent act on its ProxyNode.
@@ -147,6 +151,7 @@ func (s *sim) runAgents() {
 		if st.Kernel == nil {
 			st.Kernel = a.facts.DeepCopy()
 			st.ActiveMode = a.initial
+			st.KubeProxyMode = a.kubeProxyMode
 			st.Phase = v1alpha1.NodeActive
 		}
 		spec := pn.Spec

@@ -103,6 +103,19 @@ type Input struct {
 	ProxyNodes map[string]*v1alpha1.ProxyNode
 	// Now is the current time.
 	Now time.Time
+	// KubeProxy is what the operator knows of the cluster's kube-proxy.
+	KubeProxy KubeProxy
+}
+
+// KubeProxy is what the planner needs to know of kube-proxy's DaemonSet:
+// mode kube-proxy needs it, and a node holding kube-proxy's rules cannot
+// be taken over while the operator cannot stop kube-proxy there.
+type KubeProxy struct {
+	// DaemonSet is the configured DaemonSet, "namespace/name"; empty when
+	// the operator was told the cluster has no kube-proxy.
+	DaemonSet string
+	// Found says the DaemonSet exists.
+	Found bool
 }
 
 // Event is an event to record about the ProxyConfig.

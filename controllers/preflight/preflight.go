@@ -60,6 +60,9 @@ func Problems(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings, k *v1al
 				out = append(out, "no usable iptables backend ("+strings.Join(seen, ", ")+")")
 			}
 		}
+	case v1alpha1.ModeKubeProxy:
+		// kube-proxy brings its own dataplane; whether its DaemonSet
+		// exists is the planner's check (plan.KubeProxy).
 	default:
 		out = append(out, fmt.Sprintf("unknown proxy mode %q", mode))
 	}

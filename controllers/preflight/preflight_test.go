@@ -36,6 +36,7 @@ func TestProblems(t *testing.T) {
 		{"iptables nft", v1alpha1.ModeIPTables, nil, &v1alpha1.KernelFacts{IPTablesBackends: []v1alpha1.IPTablesBackend{{Name: "legacy", Available: "No"}, {Name: "nft", Available: "Yes"}}}, nil},
 		{"iptables none usable", v1alpha1.ModeIPTables, nil, &v1alpha1.KernelFacts{IPTablesBackends: []v1alpha1.IPTablesBackend{{Name: "legacy", Available: "No"}, {Name: "nft", Available: "Unknown"}}}, []string{"legacy: No, nft: Unknown"}},
 		{"iptables none reported", v1alpha1.ModeIPTables, nil, &v1alpha1.KernelFacts{}, []string{"no iptables backend reported"}},
+		{"kube-proxy needs no module", v1alpha1.ModeKubeProxy, nil, &v1alpha1.KernelFacts{}, nil},
 		{"unknown mode", "ebpf", nil, &v1alpha1.KernelFacts{}, []string{"unknown proxy mode"}},
 	} {
 		got := Problems(tc.mode, tc.settings, tc.k)

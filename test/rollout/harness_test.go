@@ -85,7 +85,7 @@ func (w *world) startOperator(o opOptions) *operator {
 		Scheme:                        w.env.Scheme,
 		Metrics:                       metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:        "0",
-		Cache:                         controllers.CacheOptions(),
+		Cache:                         controllers.CacheOptions(controllers.Options{KubeProxyDaemonSet: controllers.DefaultKubeProxyDaemonSet}),
 		LeaderElection:                o.leaderElection,
 		LeaderElectionID:              "proxyshift-operator.proxyshift.io",
 		LeaderElectionNamespace:       "default",
@@ -98,7 +98,7 @@ func (w *world) startOperator(o opOptions) *operator {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	r, err := controllers.SetupWithManager(mgr)
+	r, err := controllers.SetupWithManager(mgr, controllers.Options{KubeProxyDaemonSet: controllers.DefaultKubeProxyDaemonSet})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -118,12 +118,12 @@ func main() {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  controllers.CacheOptions(),
+		Cache:                  controllers.CacheOptions(controllers.Options{KubeProxyDaemonSet: controllers.DefaultKubeProxyDaemonSet}),
 	})
 	if err != nil {
 		panic(err)
 	}
-	r, err := controllers.SetupWithManager(mgr)
+	r, err := controllers.SetupWithManager(mgr, controllers.Options{KubeProxyDaemonSet: controllers.DefaultKubeProxyDaemonSet})
 	if err != nil {
 		panic(err)
 	}
