@@ -125,8 +125,8 @@ func (pt *podTraffic) close() {
 // placementWatch checks, twice a second while a rollout runs, that
 // kube-proxy's pod runs on every node proxyshift does not serve: a node
 // without a running kube-proxy pod must have a proxyshift mode serving
-// it (status.activeMode) or be waiting, programmed and verified, for
-// kube-proxy to leave. ProxyNodes are read before and after the pods, and
+// it (status.activeMode) or be past verifying the mode it is taken over
+// into (WaitingForKubeProxy, CleaningUp). ProxyNodes are read before and after the pods, and
 // a node counts as not served by proxyshift only if both reads say so.
 type placementWatch struct {
 	mu         sync.Mutex
@@ -161,7 +161,11 @@ func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Clien
 		out := map[string]string{}
 		for _, pn := range l.Items {
 			st := pn.Status
-			if contract.ValidMode(st.ActiveMode) || st.Phase == v1alpha1.NodeWaitingForKubeProxy && contract.ValidMode(pn.Spec.DesiredMode) {
+			// Taking a node over, from WaitingForKubeProxy on the new
+			// mode is programmed, verified and serves; kube-proxy is
+			// reported active until its objects are gone.
+			takenOver := st.Phase == v1alpha1.NodeWaitingForKubeProxy || st.Phase == v1alpha1.NodeCleaningUp
+			if contract.ValidMode(st.ActiveMode) || takenOver && contract.ValidMode(pn.Spec.DesiredMode) {
 				out[pn.Name] = e2e.NodeText(pn)
 			}
 		}
