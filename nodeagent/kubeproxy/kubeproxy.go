@@ -171,24 +171,44 @@ func (n *Node) lastSync(ctx context.Context) (float64, error) {
 	return metricValue(body, syncedMetric)
 }
 
-// metricValue finds an unlabelled sample of name in Prometheus text
-// exposition.
+// metricValue reads the samples of name in Prometheus text exposition
+// and returns the least of them: kube-proxy labels its sync metrics with
+// ip_family (one sample per family it proxies), and has finished a sync
+// only when every family has.
 func metricValue(body []byte, name string) (float64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	found := false
+	least := 0.0
 	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || !strings.HasPrefix(rest, " ") {
+		rest, ok := strings.CutPrefix(sc.Text(), name)
+		if !ok {
 			continue
+		}
+		if strings.HasPrefix(rest, "{") {
+			end := strings.Index(rest, "}")
+			if end < 0 {
+				continue
+			}
+			rest = rest[end+1:]
+		}
+		if !strings.HasPrefix(rest, " ") {
+			continue // another metric whose name starts with name
 		}
 		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
 		}
-		return strconv.ParseFloat(fields[0], 64)
+		if !found || v < least {
+			least = v
+		}
+		found = true
 	}
-	return 0, fmt.Errorf("no %s sample", name)
+	if !found {
+		return 0, fmt.Errorf("no %s sample", name)
+	}
+	return least, nil
 }
 
 // Cleanup removes kube-proxy's leftovers (cleanup.KubeProxy: its chains in

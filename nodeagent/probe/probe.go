@@ -32,6 +32,10 @@ type Target struct {
 	// Name says what the address is, e.g. "default/web:http/TCP cluster IP".
 	Name string
 	Addr netip.AddrPort
+	// Endpoints are the endpoints (address, port and conditions) the
+	// service port had when the target was listed: a target whose
+	// endpoints changed since may rightly answer differently.
+	Endpoints string
 }
 
 func (t Target) String() string { return t.Name + " " + t.Addr.String() }
@@ -75,11 +79,12 @@ func Targets(snap *model.Snapshot, nodeIPs []netip.Addr, max, maxNodePorts int) 
 			if sp.Protocol != corev1.ProtocolTCP || len(sp.ClusterEndpoints()) == 0 {
 				continue
 			}
+			eps := fmt.Sprint(sp.Endpoints)
 			if sp.ClusterIP.IsValid() && len(sp.InternalEndpoints()) > 0 {
-				cluster = append(cluster, Target{Name: n.String() + " cluster IP", Addr: netip.AddrPortFrom(sp.ClusterIP, uint16(sp.Port))})
+				cluster = append(cluster, Target{Name: n.String() + " cluster IP", Addr: netip.AddrPortFrom(sp.ClusterIP, uint16(sp.Port)), Endpoints: eps})
 			}
 			if sp.NodePort != 0 && nodeIP.IsValid() {
-				nodePorts = append(nodePorts, Target{Name: n.String() + " NodePort", Addr: netip.AddrPortFrom(nodeIP, uint16(sp.NodePort))})
+				nodePorts = append(nodePorts, Target{Name: n.String() + " NodePort", Addr: netip.AddrPortFrom(nodeIP, uint16(sp.NodePort)), Endpoints: eps})
 			}
 		}
 	}

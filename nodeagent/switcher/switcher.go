@@ -431,7 +431,7 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 	case Prepare:
 		err = s.prepare(ctx, st, step)
 	case AwaitKubeProxy:
-		if !s.awaitKubeProxy(ctx) {
+		if !s.awaitKubeProxy(ctx, st, step) {
 			return None
 		}
 	case Program:
@@ -544,12 +544,22 @@ func (s *Switcher) prepare(ctx context.Context, st State, step Step) error {
 
 // awaitKubeProxy waits, handing the node back, until kube-proxy serves it
 // (its pod is back and has synced), looking every KubeProxyPoll and
-// saying in the log what it still waits for. It returns false, with
-// nothing done, when the desire changes or ctx ends first; the node
-// timeout of the operator bounds the wait.
-func (s *Switcher) awaitKubeProxy(ctx context.Context) bool {
+// saying in the log what it still waits for, and in the status the mode
+// of kube-proxy's objects as they appear. It returns false, with nothing
+// done, when the desire changes or ctx ends first; the node timeout of
+// the operator bounds the wait.
+func (s *Switcher) awaitKubeProxy(ctx context.Context, st State, step Step) bool {
 	start, last := time.Now(), ""
 	for {
+		if mode, err := s.cfg.KubeProxy.Mode(ctx); err == nil {
+			s.mu.Lock()
+			changed := mode != s.kubeProxyMode
+			s.kubeProxyMode = mode
+			s.mu.Unlock()
+			if changed {
+				s.report(ctx, st, step)
+			}
+		}
 		err := s.cfg.KubeProxy.Serving(ctx)
 		if err == nil {
 			klog.InfoS("kube-proxy serves the node again", "after", time.Since(start).Round(time.Millisecond))
@@ -627,32 +637,65 @@ func (s *Switcher) verify(ctx context.Context, step Step) error {
 // (the node ran no mode), at least one target must answer, proving the
 // new mode translates; targets that do not are logged, since nothing
 // says they ever worked (an endpoint the node cannot reach, say).
+//
+// Endpoints come and go while a node switches (a pod is replaced, an
+// operator restarts): a baseline target that does not answer is looked
+// at again twice, a second apart, from the model as it is then. One whose
+// service port has no endpoints now, or other endpoints than at the
+// baseline, is excused (the old mode would not answer as before either);
+// the others are probed again, and fail the switch if they still do not
+// answer.
 func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) error {
 	targets := s.targets()
 	s.mu.Lock()
 	baselineSet := s.baselineSet
-	if baselineSet {
-		var req []probe.Target
-		for _, t := range targets {
-			if slices.ContainsFunc(s.baseline, func(b probe.Target) bool { return b.Addr == t.Addr }) {
-				req = append(req, t)
-			}
-		}
-		targets = req
+	baseline := map[netip.AddrPort]probe.Target{}
+	for _, b := range s.baseline {
+		baseline[b.Addr] = b
 	}
 	s.mu.Unlock()
-	results := s.cfg.Prober.Probe(ctx, targets)
-	f := probe.Failures(results)
-	switch {
-	case f == "":
-		return nil
-	case baselineSet:
-		return fmt.Errorf("services that answered before did not answer from the node with %s programmed: %s", mode, f)
-	case len(probe.Answered(results)) == 0:
-		return fmt.Errorf("no service answered from the node with %s programmed: %s", mode, f)
+	if baselineSet {
+		targets = slices.DeleteFunc(targets, func(t probe.Target) bool { _, ok := baseline[t.Addr]; return !ok })
 	}
-	klog.InfoS("Some services did not answer from the node (no earlier mode to compare with)", "mode", mode, "failures", f)
-	return nil
+	for round := 0; ; round++ {
+		results := s.cfg.Prober.Probe(ctx, targets)
+		f := probe.Failures(results)
+		switch {
+		case f == "":
+			return nil
+		case !baselineSet && len(probe.Answered(results)) == 0:
+			return fmt.Errorf("no service answered from the node with %s programmed: %s", mode, f)
+		case !baselineSet:
+			klog.InfoS("Some services did not answer from the node (no earlier mode to compare with)", "mode", mode, "failures", f)
+			return nil
+		case round == 2:
+			return fmt.Errorf("services that answered before did not answer from the node with %s programmed: %s", mode, f)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+		now := map[netip.AddrPort]probe.Target{}
+		for _, t := range s.targets() {
+			now[t.Addr] = t
+		}
+		targets = nil
+		for _, r := range results {
+			if r.Err == nil {
+				continue
+			}
+			cur, ok := now[r.Target.Addr]
+			if !ok || cur.Endpoints != baseline[r.Target.Addr].Endpoints {
+				klog.InfoS("A service that answered before does not answer now, but its endpoints changed since: not counted", "target", r.Target, "err", r.Err)
+				continue
+			}
+			targets = append(targets, cur)
+		}
+		if len(targets) == 0 {
+			return nil
+		}
+	}
 }
 
 // cleanUp removes the other modes (each stops being synced first;
