@@ -392,7 +392,9 @@ type midSwitchKiller struct {
 
 func (k *midSwitchKiller) onChange(s e2e.Snapshot) {
 	for _, pn := range s.Nodes {
-		switching := pn.Spec.DesiredMode == v1alpha1.ModeNFTables && pn.Status.Phase != v1alpha1.NodeActive && pn.Status.Phase != ""
+		switching := pn.Spec.DesiredMode == v1alpha1.ModeNFTables && slices.Contains([]v1alpha1.NodePhase{
+			v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeWaitingForKubeProxy,
+		}, pn.Status.Phase)
 		switch {
 		case k.agentKilled == "" && pn.Status.Phase == v1alpha1.NodeWaitingForKubeProxy:
 			k.agentKilled = pn.Name
