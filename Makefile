@@ -98,19 +98,19 @@ cluster-real: ## Run the real-node cluster (control plane, 3 nodes with containe
 	exec bin/cluster-real $(CLUSTER_REAL_FLAGS)
 
 .PHONY: demo
-demo: ## Demo: a local 3-node cluster moved iptables -> nftables -> iptables under traffic, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"
-	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates network namespaces and programs netfilter inside them. Run: sudo make demo" >&2; exit 1; fi
+demo: ## Demo on real kubelets: kube-proxy (iptables) -> proxyshift nftables -> kube-proxy under traffic, node by node, then torn down; as root. DEMO_FLAGS="-no-back -rate 20"
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it runs kubelets and containerd in network namespaces. Run: sudo make demo" >&2; exit 1; fi
 	hack/install-deps.sh
+	hack/realcluster.sh >/dev/null
 	go build -o bin/demo ./hack/demo
 	exec bin/demo $(DEMO_FLAGS)
 
-.PHONY: demo-real
-demo-real: ## Demo on real kubelets: kube-proxy (iptables) -> proxyshift nftables -> kube-proxy under traffic, node by node, then torn down; as root. DEMO_REAL_FLAGS="-no-back -rate 20"
-	@if [ "$$(id -u)" != 0 ]; then echo "make demo-real needs root: it runs kubelets and containerd in network namespaces. Run: sudo make demo-real" >&2; exit 1; fi
+.PHONY: demo-lab
+demo-lab: ## Demo in the namespace lab (agents as processes, no kubelets): iptables -> nftables -> iptables under traffic; as root. DEMO_LAB_FLAGS="-no-back -rate 20"
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo-lab needs root: it creates network namespaces and programs netfilter inside them. Run: sudo make demo-lab" >&2; exit 1; fi
 	hack/install-deps.sh
-	hack/realcluster.sh >/dev/null
-	go build -o bin/demo-real ./hack/demo-real
-	exec bin/demo-real $(DEMO_REAL_FLAGS)
+	go build -o bin/demo-lab ./hack/demo-lab
+	exec bin/demo-lab $(DEMO_LAB_FLAGS)
 
 .PHONY: run
 run: ## Run the operator against the cluster in $KUBECONFIG.

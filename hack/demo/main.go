@@ -1,15 +1,17 @@
-// Command demo shows proxyshift moving a local cluster between dataplane
-// modes under traffic: it brings up a 3-node local cluster (test/cluster)
-// in iptables mode, has the operator take the nodes over with a
-// ProxyConfig in iptables mode, starts a bounded traffic generator in the
-// client namespaces against the web Service's ClusterIP and its NodePort,
-// sets the ProxyConfig to nftables, shows each node's progress and the
-// traffic as they go, prints a summary (time, requests, failures, what
-// each agent removed, what the kernels hold), switches back to iptables
-// the same way (unless -no-back), and tears everything down.
+// Command demo shows the migration users make, on the real-node
+// cluster (test/realcluster): real kubelets and containerd, kube-proxy
+// v1.37.2 as a DaemonSet in iptables mode, a Deployment behind a ClusterIP
+// and a NodePort Service. It installs proxyshift as a user would (`make
+// images`, import, `kubectl apply -k config/local`: nothing changes),
+// sends traffic through every way into the Services, applies a
+// ProxyConfig in nftables mode (kube-proxy's pod leaves each node as
+// proxyshift takes it over), shows each node's progress and the traffic,
+// then hands every node back to kube-proxy (unless -no-back), prints what
+// each node's kernel holds after each step, and tears everything down.
 //
-// It needs root (network namespaces, netfilter). Traffic stays inside the
-// namespaces the harness creates (198.18.0.0/15); Ctrl-C tears down.
+// It needs root (network namespaces, cgroups, kubelets). Traffic stays
+// inside the namespaces the harness creates (198.18.0.0/15); Ctrl-C tears
+// down.
 //
 //	sudo make demo
 //	sudo go run ./hack/demo -h
@@ -17,247 +19,188 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
 	"os"
-	"os/exec"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
-	"github.com/proxyshift/proxyshift/test/cluster"
 	"github.com/proxyshift/proxyshift/test/e2e"
+	"github.com/proxyshift/proxyshift/test/harness"
+	"github.com/proxyshift/proxyshift/test/realcluster"
 )
+
+// configName is the ProxyConfig the demo applies.
+const configName = "demo"
 
 func main() {
 	var (
-		nodes       = flag.Int("nodes", 3, "Number of nodes (1-10).")
-		rate        = flag.Int("rate", 50, "Requests per second the traffic generator sends while a rollout runs (1-200).")
-		nodeTimeout = flag.Duration("node-timeout", 45*time.Second, "The ProxyConfig's spec.rollout.nodeTimeout.")
-		noBack      = flag.Bool("no-back", false, "Stop after the move to nftables instead of switching back to iptables.")
-		verbose     = flag.Bool("v", false, "Show the cluster's bring-up steps.")
-		keep        = flag.Bool("keep", false, "Keep the run directory (logs, kubeconfig) after tearing down.")
+		nodes   = flag.Int("nodes", 3, "Number of nodes (1-5).")
+		rate    = flag.Int("rate", 30, "Requests per second the traffic generator sends (1-200).")
+		noBack  = flag.Bool("no-back", false, "Stop after the takeover instead of handing the nodes back to kube-proxy.")
+		verbose = flag.Bool("v", false, "Show the cluster's bring-up steps.")
+		keep    = flag.Bool("keep", false, "Keep the run directory (logs, kubeconfig) after tearing down.")
 	)
 	flag.Parse()
 	logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))
-	if err := preflight(*nodes, *rate); err != nil {
-		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
-		os.Exit(2)
+	switch {
+	case *nodes < 1 || *nodes > 5:
+		fail(2, "-nodes %d: must be 1..5", *nodes)
+	case *rate < 1 || *rate > 200:
+		fail(2, "-rate %d: must be 1..200", *rate)
 	}
-	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// Everything, a cold build included, within this bound.
-	ctx, cancel := context.WithTimeout(sigCtx, 12*time.Minute)
+	if err := realcluster.CanRun(); err != nil {
+		fail(2, "%v: run it as root (sudo make demo)", err)
+	}
+	ctx, cancel := harness.InterruptContext()
 	defer cancel()
-	d := &demo{nodes: *nodes, rate: *rate, nodeTimeout: *nodeTimeout, back: !*noBack, verbose: *verbose, keep: *keep, start: time.Now()}
-	err := d.run(ctx)
-	if err != nil {
-		if sigCtx.Err() != nil {
-			err = errors.New("interrupted; everything was torn down")
+	d := &demo{nodes: *nodes, rate: *rate, back: !*noBack, verbose: *verbose, keep: *keep, start: time.Now()}
+	if err := d.run(ctx); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("interrupted (%v); everything was torn down", err)
 		}
-		fmt.Fprintf(os.Stderr, "\ndemo: %v\n", err)
-		os.Exit(1)
+		fail(1, "%v", err)
 	}
 }
 
-func preflight(nodes, rate int) error {
-	if nodes < 1 || nodes > 10 {
-		return fmt.Errorf("-nodes %d: must be 1..10", nodes)
-	}
-	if rate < 1 || rate > 200 {
-		return fmt.Errorf("-rate %d: must be 1..200", rate)
-	}
-	if os.Geteuid() != 0 {
-		return errors.New("the demo needs root: it creates network namespaces and programs netfilter inside them.\n      Run it as root: sudo make demo")
-	}
-	var missing []string
-	for _, bin := range []string{"ip", "nft", "iptables-save"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			missing = append(missing, bin)
-		}
-	}
-	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		if _, err2 := exec.LookPath("iptables-nft-restore"); err2 != nil {
-			missing = append(missing, "iptables-restore")
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: the demo's iptables and nftables modes and its checks need iproute2, nftables and iptables (Debian: apt-get install iproute2 nftables iptables)", strings.Join(missing, ", "))
-	}
-	return nil
+func fail(code int, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "demo: "+format+"\n", args...)
+	os.Exit(code)
 }
 
 type demo struct {
-	nodes, rate int
-	nodeTimeout time.Duration
-	back        bool
-	verbose     bool
-	keep        bool
-	start       time.Time
+	nodes, rate         int
+	back, verbose, keep bool
+	start               time.Time
 
-	c *cluster.Cluster
+	c  *realcluster.Cluster
+	cl client.Client
 }
 
 func (d *demo) say(format string, args ...any) {
 	fmt.Printf("[%6.1fs] %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func (d *demo) run(ctx context.Context) (err error) {
-	fmt.Printf("proxyshift demo: %d nodes, iptables → nftables%s under %d req/s of traffic\n\n", d.nodes, map[bool]string{true: " → iptables", false: ""}[d.back], d.rate)
-	d.say("bringing the local cluster up (API server, operator, %d node namespaces with agents, pods, Services) ...", d.nodes)
-	opts := cluster.Options{Nodes: d.nodes, Mode: v1alpha1.ModeIPTables, KeepRunDir: d.keep}
+func (d *demo) run(ctx context.Context) error {
+	back := map[bool]string{true: " → kube-proxy", false: ""}[d.back]
+	fmt.Printf("proxyshift demo on real kubelets: %d nodes, kube-proxy (iptables) → proxyshift nftables%s, under %d req/s of traffic\n\n", d.nodes, back, d.rate)
+	d.say("bringing the real-node cluster up (control plane; %d nodes with containerd and kubelet v1.37.2; kube-proxy; a Deployment) ...", d.nodes)
+	opts := realcluster.Options{Nodes: d.nodes, KeepRunDir: d.keep, Logf: func(string, ...any) {}}
 	if d.verbose {
 		opts.Logf = func(format string, args ...any) { d.say("  "+format, args...) }
 	}
-	c, err := cluster.Start(ctx, opts)
+	c, err := realcluster.Start(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("bringing the cluster up: %w", err)
 	}
 	d.c = c
-	defer func() {
-		d.say("tearing down: agents, operator, API server, every namespace ...")
-		if cerr := c.Close(); cerr != nil {
-			fmt.Fprintf(os.Stderr, "demo: tearing down: %v\n", cerr)
-		} else {
-			d.say("torn down: every process stopped, every namespace removed")
-		}
-		if d.keep {
-			fmt.Printf("run directory kept: %s\n", c.RunDir)
-		}
-	}()
-	var total time.Duration
-	for _, t := range c.Timings {
-		total += t.Duration
+	defer d.tearDown()
+	d.say("cluster up in %.1fs; kubeconfig (while the demo runs): export KUBECONFIG=%s", c.Timings[len(c.Timings)-1].Duration.Seconds(), c.Kubeconfig)
+	if d.cl, err = c.ProxyshiftClient(); err != nil {
+		return err
 	}
-	d.say("cluster up in %.1fs: nodes %s; Services web %s (ClusterIP), web-nodeport :%d (NodePort)", total.Seconds(), strings.Join(nodeNames(c), ", "), c.Service(cluster.ServiceWeb).ClusterAddr(), cluster.NodePort)
-	d.say("kubeconfig (while the demo runs): export KUBECONFIG=%s", c.Kubeconfig)
 
-	if err := e2e.WaitNodesActive(ctx, c.Client, v1alpha1.ModeIPTables, d.nodes, 90*time.Second); err != nil {
-		return fmt.Errorf("the agents did not all come up in iptables mode: %w", err)
-	}
-	d.say("every agent serves in iptables mode")
-
-	// 1. The operator takes the nodes over in iptables mode.
-	d.say("kubectl apply: ProxyConfig %s, mode iptables (all nodes; canary 1, maxUnavailable 1, nodeTimeout %v)", e2e.ConfigName, d.nodeTimeout)
-	s, _, err := d.rollout(ctx, v1alpha1.ModeIPTables, nil)
+	d.say("installing proxyshift: make images, import them on every node, kubectl apply -k config/local ...")
+	timings, err := c.InstallProxyshift(ctx)
 	if err != nil {
 		return err
 	}
-	if s.Config.Status.Phase != v1alpha1.RolloutCompleted {
-		return fmt.Errorf("taking the nodes over in iptables mode ended %s, not Completed (failed nodes: %v); rerun with -keep to keep the operator's and agents' logs", s.Config.Status.Phase, s.Config.Status.FailedNodes)
+	var took time.Duration
+	for _, tm := range timings {
+		took += tm.Duration
 	}
-	for _, n := range s.Nodes {
-		if n.Status.ActiveMode != v1alpha1.ModeIPTables {
-			return fmt.Errorf("%s runs %q, not iptables: the agent's iptables dataplane is not available here, so the demo cannot show a migration from it (rerun with -keep to keep the agents' logs)", n.Name, n.Status.ActiveMode)
-		}
+	d.say("installed in %.1fs; installing changes nothing: kube-proxy serves every node", took.Seconds())
+	if err := d.waitReported(ctx); err != nil {
+		return err
 	}
+	d.kubectl(ctx, "get", "proxynodes", "-o", "wide")
 
-	// 2. Traffic, then the switch(es).
-	targets, err := e2e.Targets(c)
+	targets, err := c.WebTargets(ctx)
 	if err != nil {
 		return err
 	}
-	var names []string
+	var ets []e2e.Target
 	for _, t := range targets {
-		names = append(names, t.Name)
+		ets = append(ets, e2e.Target{Name: fmt.Sprintf("%s from %s", t.Addr, t.From), From: t.NS, Addr: t.Addr})
 	}
-	d.say("traffic: %d req/s round robin to %s", d.rate, strings.Join(names, ", "))
+	d.say("traffic: %d req/s of new connections, round robin over %d ways in (the ClusterIP from every node and a client, every node's NodePort from the client)", d.rate, len(ets))
 	tctx, stopTraffic := context.WithCancel(ctx)
 	defer stopTraffic()
-	tr := e2e.StartTraffic(tctx, targets, d.rate, 2*time.Second)
+	tr := e2e.StartTraffic(tctx, ets, d.rate, 2*time.Second)
 	defer tr.Stop()
-	time.Sleep(2 * time.Second)
 
-	modes := []v1alpha1.ProxyMode{v1alpha1.ModeNFTables}
+	steps := []v1alpha1.ProxyMode{v1alpha1.ModeNFTables}
 	if d.back {
-		modes = append(modes, v1alpha1.ModeIPTables)
+		steps = append(steps, v1alpha1.ModeKubeProxy)
 	}
 	type result struct {
-		mode              v1alpha1.ProxyMode
-		took              time.Duration
-		sent, failed      int64
-		phase             v1alpha1.RolloutPhase
-		updated, selected int32
+		mode         v1alpha1.ProxyMode
+		took         time.Duration
+		sent, failed int64
+		phase        v1alpha1.RolloutPhase
 	}
 	var results []result
-	var failures []string
-	for _, m := range modes {
-		logs := e2e.LogSizes(c)
+	for _, mode := range steps {
+		fmt.Println()
+		d.say("kubectl apply: ProxyConfig %s, mode %s (every node; canary 1, then 1 at a time; rollback on failure)", configName, mode)
 		sent0, failed0 := tr.Sent.Load(), tr.Failed.Load()
-		d.say("kubectl apply: ProxyConfig %s, mode %s", e2e.ConfigName, m)
-		s, took, err := d.rollout(ctx, m, tr)
+		start := time.Now()
+		gen, err := realcluster.ApplyMode(ctx, d.cl, configName, mode)
+		if err != nil {
+			return err
+		}
+		s, err := e2e.Follow(ctx, d.cl, configName, gen, 6*time.Minute, tr, d.say)
 		if err != nil {
 			return err
 		}
 		st := s.Config.Status
-		r := result{mode: m, took: took, sent: tr.Sent.Load() - sent0, failed: tr.Failed.Load() - failed0, phase: st.Phase, updated: st.Nodes.Updated, selected: st.Nodes.Selected}
+		r := result{mode: mode, took: time.Since(start), sent: tr.Sent.Load() - sent0, failed: tr.Failed.Load() - failed0, phase: st.Phase}
 		results = append(results, r)
-		fmt.Println()
-		d.say("ProxyConfig %s: %s, %d/%d nodes in %s, in %.1fs; %d requests during the rollout, %d failed", e2e.ConfigName, st.Phase, r.updated, r.selected, m, took.Seconds(), r.sent, r.failed)
+		d.say("ProxyConfig %s: %s in %.1fs; %d requests during it, %d failed", configName, st.Phase, r.took.Seconds(), r.sent, r.failed)
 		for _, f := range st.FailedNodes {
 			d.say("  failed node %s: %s", f.Name, f.Reason)
 		}
-		d.say("what the agents removed (from their logs):")
-		rm := e2e.Removals(c, logs)
-		if len(rm) == 0 {
-			d.say("  nothing")
-		}
-		for _, x := range rm {
-			d.say("  %s: %s %s: %s", x.Node, strings.ToLower(x.What[:1])+x.What[1:], x.Mode, x.Summary())
-		}
-		d.say("what each node's kernel holds (iptables-legacy-save, iptables-nft-save, nft list tables inside its namespace):")
+		d.kubectl(ctx, "get", "proxyconfig,proxynodes")
+		d.say("kube-proxy's pods run on: %s", strings.Join(d.kubeProxyNodes(ctx), ", "))
+		d.say("what each node's kernel holds (iptables-save of both backends, nft list tables, inside the node):")
 		for _, n := range c.Nodes {
-			k, err := e2e.ReadKernel(ctx, n)
+			o, err := n.Objects(ctx)
 			if err != nil {
 				d.say("  %s: %v", n.Name, err)
 				continue
 			}
-			left, missing := k.Leftovers(m)
-			verdict := "clean: nothing of the other mode"
-			if len(left) > 0 {
-				verdict = "LEFTOVERS: " + strings.Join(left, ", ")
-			}
-			if missing != "" {
-				verdict += "; " + missing
-			}
-			d.say("  %s: PROXYSHIFT chains legacy %d, nft %d; table proxyshift %s; %s", n.Name, len(k.LegacyChains), len(k.NFTChains), yesNo(k.Table), verdict)
+			d.say("  %s: %s", n.Name, o.Summary())
 		}
-		fmt.Println()
 		if st.Phase != v1alpha1.RolloutCompleted {
 			d.say("the rollout did not complete; stopping here")
 			break
 		}
 	}
-	time.Sleep(time.Second)
 	stopTraffic()
 	tr.Stop()
-	failures = tr.Failures()
 
-	fmt.Println("──── summary ────")
+	fmt.Println("\n──── summary ────")
 	for _, r := range results {
-		fmt.Printf("  rollout to %-8s  %-9s %d/%d nodes  %5.1fs  %5d requests during it, %d failed\n", r.mode, r.phase, r.updated, r.selected, r.took.Seconds(), r.sent, r.failed)
+		fmt.Printf("  rollout to %-10s  %-9s %5.1fs  %5d requests during it, %d failed\n", r.mode, r.phase, r.took.Seconds(), r.sent, r.failed)
 	}
 	fmt.Printf("  traffic in all: %d requests, %d failed\n", tr.Sent.Load(), tr.Failed.Load())
-	bt := tr.ByTarget()
-	for _, k := range slices.Sorted(maps.Keys(bt)) {
-		fmt.Printf("    %-22s %5d sent  %d failed\n", k, bt[k].Sent, bt[k].Failed)
-	}
 	ans := tr.Answers()
 	var pods []string
 	for _, k := range slices.Sorted(maps.Keys(ans)) {
 		pods = append(pods, fmt.Sprintf("%s %d", k, ans[k]))
 	}
 	fmt.Printf("  answered by: %s\n", strings.Join(pods, ", "))
-	for _, f := range failures {
+	for _, f := range tr.Failures() {
 		fmt.Printf("  failure: %s\n", f)
 	}
 	fmt.Printf("  demo time so far: %.1fs\n", time.Since(d.start).Seconds())
@@ -267,40 +210,79 @@ func (d *demo) run(ctx context.Context) (err error) {
 			return fmt.Errorf("the rollout to %s ended %s", r.mode, r.phase)
 		}
 	}
+	if tr.Failed.Load() > 0 {
+		return fmt.Errorf("%d requests failed", tr.Failed.Load())
+	}
 	return nil
 }
 
-// rollout applies mode and follows the rollout to its end (e2e.Follow).
-func (d *demo) rollout(ctx context.Context, mode v1alpha1.ProxyMode, tr *e2e.Traffic) (e2e.Snapshot, time.Duration, error) {
-	start := time.Now()
-	gen, err := e2e.ApplyMode(ctx, d.c.Client, e2e.ConfigName, mode, d.nodeTimeout)
-	if err != nil {
-		return e2e.Snapshot{}, 0, err
-	}
-	s, err := e2e.Follow(ctx, d.c.Client, e2e.ConfigName, gen, 4*time.Minute, tr, d.say)
-	if err != nil && s.Config != nil && s.Config.Status.ObservedGeneration < gen {
-		tail := ""
-		if d.c.Operator != nil {
-			if b, rerr := os.ReadFile(d.c.Operator.Log); rerr == nil {
-				tail = string(b[max(0, len(b)-800):])
+// waitReported waits until every agent reports its node served by
+// kube-proxy.
+func (d *demo) waitReported(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		var l v1alpha1.ProxyNodeList
+		err := d.cl.List(ctx, &l)
+		n := 0
+		for _, pn := range l.Items {
+			if pn.Status.ActiveMode == v1alpha1.ModeKubeProxy {
+				n++
 			}
 		}
-		err = fmt.Errorf("%w\n      The proxyshift-operator binary did not act on the ProxyConfig. The end of its log:\n%s", err, tail)
+		if err == nil && n == d.nodes {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the agents did not all report kube-proxy serving their node (%d of %d; %v)", n, d.nodes, err)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	return s, time.Since(start), err
 }
 
-func yesNo(b bool) string {
-	if b {
-		return "yes"
+// kubectl runs kubectl against the cluster and prints its output.
+func (d *demo) kubectl(ctx context.Context, args ...string) {
+	d.say("$ kubectl %s", strings.Join(args, " "))
+	out, err := d.c.Kubectl(ctx, args...)
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		fmt.Printf("           %s\n", l)
 	}
-	return "no"
+	if err != nil {
+		d.say("  (%v)", err)
+	}
 }
 
-func nodeNames(c *cluster.Cluster) []string {
-	var ns []string
-	for _, n := range c.Nodes {
-		ns = append(ns, fmt.Sprintf("%s %s", n.Name, n.IP))
+// kubeProxyNodes are the nodes a running kube-proxy pod is on.
+func (d *demo) kubeProxyNodes(ctx context.Context) []string {
+	pods, err := d.c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: realcluster.KubeProxySelector})
+	if err != nil {
+		return []string{err.Error()}
 	}
-	return ns
+	var out []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			out = append(out, p.Spec.NodeName)
+		}
+	}
+	slices.Sort(out)
+	if len(out) == 0 {
+		return []string{"no node"}
+	}
+	return out
+}
+
+func (d *demo) tearDown() {
+	fmt.Println()
+	d.say("tearing down: kubelets, containerd, control plane, every namespace, mount and cgroup ...")
+	if err := d.c.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "demo: tearing down: %v\n", err)
+	} else if left := d.c.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "demo: left on the machine: %v\n", left)
+	} else {
+		d.say("torn down: nothing left on the machine")
+	}
+	if d.keep {
+		fmt.Printf("run directory kept: %s\n", d.c.RunDir)
+	}
 }

@@ -1,5 +1,5 @@
 // Package e2e holds proxyshift's end-to-end tests and the helpers they
-// share with the demo (hack/demo): a bounded traffic generator that runs
+// share with the demo (hack/demo-lab, hack/demo): a bounded traffic generator that runs
 // from client namespaces of a test/cluster local cluster, ProxyConfig
 // helpers, waits on the rollout, and a check of what each node's kernel
 // holds of proxyshift's modes.
@@ -396,7 +396,7 @@ func Follow(ctx context.Context, c client.Client, name string, gen int64, timeou
 		st := s.Config.Status
 		line := fmt.Sprintf("  %s %-11s", bar(st.Nodes.Updated, st.Nodes.Selected), orDash(string(st.Phase)))
 		for _, n := range s.Nodes {
-			line += fmt.Sprintf(" │ %s %-29s", n.Name, NodeText(n))
+			line += fmt.Sprintf(" │ %s %-39s", n.Name, NodeText(n))
 		}
 		if tr != nil {
 			line += fmt.Sprintf(" │ req %d fail %d", tr.Sent.Load(), tr.Failed.Load())
