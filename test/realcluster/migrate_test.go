@@ -123,7 +123,8 @@ func (pt *podTraffic) close() {
 }
 
 // placementWatch checks, twice a second while a rollout runs, that
-// kube-proxy's pod runs on every node proxyshift does not serve: a node
+// kube-proxy's pod runs on every node proxyshift does not serve, and on
+// none that proxyshift has taken over (Active in its mode): a node
 // without a running kube-proxy pod must have a proxyshift mode serving
 // it (status.activeMode) or be past verifying the mode it is taken over
 // into (WaitingForKubeProxy, CleaningUp). ProxyNodes are read before and after the pods, and
@@ -168,6 +169,9 @@ func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Clien
 			if contract.ValidMode(st.ActiveMode) || takenOver && contract.ValidMode(pn.Spec.DesiredMode) {
 				out[pn.Name] = e2e.NodeText(pn)
 			}
+			if st.Phase == v1alpha1.NodeActive && contract.ValidMode(st.ActiveMode) && pn.Spec.DesiredMode != v1alpha1.ModeKubeProxy {
+				out[pn.Name] += " (taken over)"
+			}
 		}
 		return out
 	}
@@ -177,8 +181,9 @@ func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Clien
 	if before == nil || after == nil || err != nil {
 		return
 	}
-	running := map[string]bool{}
+	running, present := map[string]bool{}, map[string]bool{}
 	for _, p := range pods.Items {
+		present[p.Spec.NodeName] = true
 		if p.Status.Phase == corev1.PodRunning {
 			running[p.Spec.NodeName] = true
 		}
@@ -186,9 +191,19 @@ func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Clien
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.samples++
+	now := time.Now().Format("15:04:05.000")
 	for _, n := range c.Nodes {
-		if !running[n.Name] && before[n.Name] == "" && after[n.Name] == "" && len(w.violations) < 20 {
-			w.violations = append(w.violations, fmt.Sprintf("%s: %s has no running kube-proxy pod and proxyshift does not serve it", time.Now().Format("15:04:05.000"), n.Name))
+		if len(w.violations) >= 20 {
+			break
+		}
+		if !running[n.Name] && before[n.Name] == "" && after[n.Name] == "" {
+			w.violations = append(w.violations, fmt.Sprintf("%s: %s has no running kube-proxy pod and proxyshift does not serve it", now, n.Name))
+		}
+		// The converse: a node taken over (Active in a proxyshift mode
+		// in both reads) has no kube-proxy pod at all, since its rules
+		// are removed only once the pod has left.
+		if present[n.Name] && strings.HasSuffix(before[n.Name], "(taken over)") && strings.HasSuffix(after[n.Name], "(taken over)") {
+			w.violations = append(w.violations, fmt.Sprintf("%s: %s is taken over (%s) but a kube-proxy pod is on it", now, n.Name, after[n.Name]))
 		}
 	}
 }
