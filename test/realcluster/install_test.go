@@ -104,6 +104,9 @@ func checkInstall(t *testing.T, c *Cluster) {
 		}
 	})
 
+	t.Run("each process has only the privileges its manifest grants", func(t *testing.T) { checkPrivileges(t, c) })
+	t.Run("an agent's pod-bound token writes only its own node's status", func(t *testing.T) { checkNodeScopedWrites(t, c) })
+
 	t.Run("installing changed nothing", func(t *testing.T) {
 		for _, n := range c.Nodes {
 			for _, dump := range [][]string{{"nft", "list", "ruleset"}, {"iptables-nft-save"}, {"iptables-legacy-save"}} {
