@@ -20,8 +20,8 @@ import (
 // agent pod on the first node, and writes ProxyNode statuses with it
 // (server-side dry runs, so admission decides and nothing is stored): its
 // own node's status is allowed, another node's is refused by the
-// admission policy with a message naming both, and so is its own
-// ProxyNode's spec.
+// admission policy with a message naming both, and its own ProxyNode's
+// spec by RBAC.
 func checkNodeScopedWrites(t *testing.T, c *Cluster) {
 	ctx := t.Context()
 	node, other := c.Nodes[0].Name, c.Nodes[1].Name
@@ -57,7 +57,9 @@ func checkNodeScopedWrites(t *testing.T, c *Cluster) {
 		name, sub, want string
 	}{
 		{other, "status", "proxyshift-agent on node " + node + " may write only ProxyNode " + node + ", not ProxyNode " + other},
-		{node, "", "may write only the status of a ProxyNode, not the object itself"},
+		// RBAC refuses it before the policy would: the agent's role has
+		// no verb on the object itself.
+		{node, "", `cannot patch resource "proxynodes"`},
 	} {
 		body := patch
 		if w.sub == "" {
