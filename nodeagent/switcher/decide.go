@@ -312,8 +312,17 @@ func start(in Input, present []v1alpha1.ProxyMode, prev v1alpha1.ProxyMode) (Sta
 		// the mode proxyshift programmed.
 		prev = ""
 	}
+	if in.KubeProxyStopped && prev == v1alpha1.ModeKubeProxy {
+		// kube-proxy has left: its objects are stale leftovers, not a
+		// mode that serves (or that a failure could go back to).
+		prev = ""
+	}
 	if prev == "" || !slices.Contains(present, prev) {
-		prev = Serving(without(present, in.Desired))
+		others := without(present, in.Desired)
+		if in.KubeProxyStopped {
+			others = without(others, v1alpha1.ModeKubeProxy)
+		}
+		prev = Serving(others)
 		if prev == "" && slices.Contains(present, in.Desired) {
 			prev = in.Desired
 		}

@@ -90,7 +90,13 @@ func TestNext(t *testing.T) {
 		{
 			name:     "kube-proxy's leftovers beside the desired mode: a switch removes them",
 			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, KubeProxyStopped: true},
-			want:     State{Phase: v1alpha1.NodePreparing, Target: nft, Previous: kp},
+			want:     State{Phase: v1alpha1.NodePreparing, Target: nft, Previous: nft},
+			wantStep: Step{Action: Prepare, Mode: nft},
+		},
+		{
+			name:     "takeover resumed after kube-proxy left: the target serves, not kube-proxy's stale objects",
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, KubeProxyStopped: true, Resume: true},
+			want:     State{Phase: v1alpha1.NodePreparing, Target: nft, Previous: nft},
 			wantStep: Step{Action: Prepare, Mode: nft},
 		},
 		{
