@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -249,8 +250,14 @@ func (b *Backend) full(kn *kernel, f *family, ports map[model.ServicePortName]*m
 	return conflicts, nil
 }
 
-// incremental rewrites what the changed service ports had.
+// incremental rewrites what the changed service ports had. It writes to
+// the helper table only while it is still ours (a full sync reads it,
+// and refuses one another program put in its place).
 func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) ([]vsKey, error) {
+	if _, err := nft.FindTable(kn.netns, f.Family, TableName); err != nil {
+		delete(b.state, f)
+		return nil, err
+	}
 	changes, conflicts := changesFor(st, ports, changed)
 	if p := incrementalPlan(st, changes); !p.empty() {
 		if err := kn.apply(f, st, p); err != nil {
