@@ -120,16 +120,21 @@ func (b *Backend) Mode() string { return "ipvs" }
 
 // ConflictError lists virtual services the model wants that exist in the
 // kernel and are not the backend's. They are left alone; everything else
-// is programmed.
+// is programmed: it is a dataplane.Warning, not a failed sync.
 type ConflictError struct {
 	// Keys are the virtual services, as protocol/address:port.
 	Keys []string
 }
 
+var _ dataplane.Warning = (*ConflictError)(nil)
+
 // Error names the virtual services.
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("ipvs: %d virtual services exist that are not proxyshift's, left alone and not programmed: %s", len(e.Keys), text.List(e.Keys, ", ", 10))
 }
+
+// LeftAlone returns the virtual services.
+func (e *ConflictError) LeftAlone() []string { return e.Keys }
 
 // Sync programs the model's families (those present in req.Model.Ports).
 //
