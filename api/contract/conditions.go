@@ -27,6 +27,11 @@ const (
 	ReasonActive = "Active"
 	// ReasonSwitching: a switch is in progress; wait.
 	ReasonSwitching = "Switching"
+	// ReasonForeignObjects: the last sync programmed everything but what
+	// another program holds where the mode wants its own objects (an IPVS
+	// virtual service), which it left alone; remove that program's
+	// object, or the Service, to resolve it.
+	ReasonForeignObjects = "ForeignObjects"
 	// ReasonSyncFailed: the last sync failed; the kernel keeps the last
 	// good rules. The message has the kernel's error.
 	ReasonSyncFailed = "SyncFailed"

@@ -248,7 +248,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	reg.MustRegister(phases.phase)
 	regather := newServingWatch()
 	fanout.SetOnPrimary(func(p switcher.PrimarySync) {
-		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err})
+		reporter.SetSync(report.Sync{Time: p.Time, Duration: p.Duration, Counts: p.Counts, Err: p.Err, Warning: p.Warning})
 		metrics.RecordSync(p.Full, p.Duration, p.Counts, p.Err)
 		regather.synced(p)
 	})

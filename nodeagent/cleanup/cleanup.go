@@ -24,6 +24,8 @@ import (
 	"slices"
 	"strings"
 
+	gnftables "github.com/google/nftables"
+
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -38,8 +40,12 @@ type Names struct {
 	// owned is owned by its comment.
 	RuleComment func(comment string) bool
 	// NFTTable says whether an nftables table (of the ip, ip6 or inet
-	// family) is owned.
+	// family) is owned by its name.
 	NFTTable func(name string) bool
+	// NFTCheck, if set, checks a table NFTTable owns by its name for the
+	// owner's mark: a table it refuses is someone else's look-alike, left
+	// alone, and its error reported by Remove.
+	NFTCheck func(ns nsexec.NS, fam gnftables.TableFamily, famName, name string) error
 	// IPSet says whether an ipset is owned.
 	IPSet func(name string) bool
 	// Link says whether a dummy interface is owned; the IPVS virtual
@@ -51,12 +57,15 @@ type Names struct {
 // (and rules commented "proxyshift..." in other chains), the nftables
 // tables proxyshift and proxyshift-* (the IPVS backend's helper table is
 // proxyshift-ipvs), ipsets and dummy interfaces whose names start with
-// proxyshift (in any case; the IPVS backend's is proxyshift-ipvs).
+// proxyshift (in any case; the IPVS backend's is proxyshift-ipvs). A
+// table is proxyshift's only if it also carries proxyshift's mark
+// (nftables.CheckOwned).
 var Proxyshift = &Names{
 	What:        "proxyshift",
 	Chain:       func(_, c string) bool { return strings.HasPrefix(c, "PROXYSHIFT-") },
 	RuleComment: func(c string) bool { return hasFoldPrefix(c, "proxyshift") },
 	NFTTable:    func(n string) bool { return n == nftables.TableName || hasFoldPrefix(n, nftables.TableName+"-") },
+	NFTCheck:    nftables.CheckOwned,
 	IPSet:       func(n string) bool { return hasFoldPrefix(n, "proxyshift") },
 	Link:        func(n string) bool { return hasFoldPrefix(n, "proxyshift") },
 }

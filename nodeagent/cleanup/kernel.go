@@ -17,7 +17,8 @@ var nftFamilies = []struct {
 	name string
 }{{nftables.TableFamilyIPv4, "ip"}, {nftables.TableFamilyIPv6, "ip6"}, {nftables.TableFamilyINet, "inet"}}
 
-// nft sweeps the owned nftables tables.
+// nft sweeps the owned nftables tables. A table owned by its name but
+// refused by names.NFTCheck is left, and its error returned by a removal.
 func (s *Sweeper) nft(names *Names, remove bool) (bool, []string, error) {
 	if names.NFTTable == nil {
 		return false, nil, nil
@@ -28,17 +29,26 @@ func (s *Sweeper) nft(names *Names, remove bool) (bool, []string, error) {
 	}
 	found := false
 	var lines []string
+	var errs []error
 	for _, fam := range nftFamilies {
 		tables, err := c.ListTablesOfFamily(fam.f)
 		if err != nil {
 			if noNFTables(err) {
 				return false, nil, nil
 			}
-			return found, lines, fmt.Errorf("nftables: list %s tables: %w", fam.name, err)
+			return found, lines, errors.Join(append(errs, fmt.Errorf("nftables: list %s tables: %w", fam.name, err))...)
 		}
 		for _, t := range tables {
 			if !names.NFTTable(t.Name) {
 				continue
+			}
+			if names.NFTCheck != nil {
+				if err := names.NFTCheck(s.NS, fam.f, fam.name, t.Name); err != nil {
+					if remove {
+						errs = append(errs, err)
+					}
+					continue
+				}
 			}
 			found = true
 			if !remove {
@@ -46,12 +56,12 @@ func (s *Sweeper) nft(names *Names, remove bool) (bool, []string, error) {
 			}
 			c.DelTable(t)
 			if err := c.Flush(); err != nil {
-				return found, lines, fmt.Errorf("nftables: delete table %s %s: %w", fam.name, t.Name, err)
+				return found, lines, errors.Join(append(errs, fmt.Errorf("nftables: delete table %s %s: %w", fam.name, t.Name, err))...)
 			}
 			lines = append(lines, fmt.Sprintf("nftables table %s %s", fam.name, t.Name))
 		}
 	}
-	return found, lines, nil
+	return found, lines, errors.Join(errs...)
 }
 
 func noNFTables(err error) bool {

@@ -6,6 +6,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -73,6 +74,45 @@ type Backend interface {
 	// Cleanup removes everything the backend owns and describes what it
 	// removed, one line per object.
 	Cleanup(ctx context.Context) ([]string, error)
+}
+
+// Warning is an error of a Sync that programmed everything but the
+// objects it names: another program's, in the way of the model, which the
+// backend left alone. The sync is done all the same: callers do not retry
+// it, and report the warning (Degraded, while the node serves).
+type Warning interface {
+	error
+	// LeftAlone names the objects left alone.
+	LeftAlone() []string
+}
+
+// SplitWarnings splits an error of Sync into its warnings and the rest,
+// through errors.Join and %w wrapping: rest is nil when err holds
+// warnings only (or is nil).
+func SplitWarnings(err error) (warnings []Warning, rest error) {
+	switch u := err.(type) {
+	case nil:
+		return nil, nil
+	case Warning:
+		return []Warning{u}, nil
+	case interface{ Unwrap() []error }:
+		var rests []error
+		for _, e := range u.Unwrap() {
+			ws, r := SplitWarnings(e)
+			warnings = append(warnings, ws...)
+			if r != nil {
+				rests = append(rests, r)
+			}
+		}
+		return warnings, errors.Join(rests...)
+	case interface{ Unwrap() error }:
+		ws, r := SplitWarnings(u.Unwrap())
+		if r == nil {
+			return ws, nil
+		}
+		return ws, err
+	}
+	return nil, err
 }
 
 // SettingsReporter is a Backend that sets kernel settings (sysctls) of

@@ -50,6 +50,9 @@ type Sync struct {
 	Duration time.Duration
 	Counts   dataplane.Counts
 	Err      error
+	// Warning is what a sync that succeeded left alone
+	// (dataplane.Warning): Degraded with ReasonForeignObjects.
+	Warning error
 }
 
 // Reporter writes one ProxyNode's status. Its methods only record and
@@ -258,6 +261,9 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		case syncErr:
 			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonSyncFailed
 			degraded.Message = fmt.Sprintf("the last sync failed (the kernel keeps the last good rules): %v", s.Err)
+		case s != nil && s.Warning != nil:
+			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonForeignObjects
+			degraded.Message = fmt.Sprintf("the last sync programmed everything but what another program holds, left alone: %v", s.Warning)
 		}
 	}
 	return ready, degraded

@@ -2,6 +2,7 @@ package report
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +77,21 @@ func TestSameButSyncTime(t *testing.T) {
 	b.Phase = v1alpha1.NodeFailed
 	if sameButSyncTime(a, b) {
 		t.Error("the phase differs")
+	}
+}
+
+// TestWarningIsDegraded: a serving mode whose syncs leave another
+// program's objects alone is Ready and Degraded (ForeignObjects), naming
+// them.
+func TestWarningIsDegraded(t *testing.T) {
+	r := New(nil, "n")
+	r.SetSwitch(Switch{Phase: v1alpha1.NodeActive, Active: v1alpha1.ModeIPVS, Target: v1alpha1.ModeIPVS, Generation: 2})
+	r.SetSync(Sync{Time: time.Now(), Counts: dataplane.Counts{Services: 2}, Warning: errors.New("ipvs: 1 virtual services exist that are not proxyshift's: tcp/198.18.0.1:80")})
+	st := r.Status()
+	ready := meta.FindStatusCondition(st.Conditions, contract.ConditionReady)
+	deg := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded)
+	if ready.Status != metav1.ConditionTrue || deg.Status != metav1.ConditionTrue || deg.Reason != contract.ReasonForeignObjects ||
+		!strings.Contains(deg.Message, "tcp/198.18.0.1:80") {
+		t.Errorf("ready %+v, degraded %+v", ready, deg)
 	}
 }

@@ -44,6 +44,9 @@ type PrimarySync struct {
 	Full   bool
 	Counts dataplane.Counts
 	Err    error
+	// Warning, when Err is nil, is what the sync left alone
+	// (dataplane.Warning): the sync is done, and the warning reported.
+	Warning error
 }
 
 // SetOnPrimary sets the function that receives the primary's syncs (for
@@ -54,11 +57,15 @@ func (f *Fanout) SetOnPrimary(fn func(PrimarySync)) {
 	f.mu.Unlock()
 }
 
-// syncMember syncs one member and records the outcome.
-func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) error {
+// syncMember syncs one member and records the outcome. A sync that only
+// warns (dataplane.Warning) succeeded: its warning is returned apart.
+func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) (warning, err error) {
 	start := time.Now()
 	c, err := m.b.Sync(ctx, req)
-	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Full: req.Full, Counts: c, Err: err}
+	if _, rest := dataplane.SplitWarnings(err); rest == nil {
+		warning, err = err, nil
+	}
+	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Full: req.Full, Counts: c, Err: err, Warning: warning}
 	if err != nil {
 		m.full = true
 	} else {
@@ -67,7 +74,7 @@ func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRe
 	if (m.mode == f.primary || f.primary == "") && f.onPrimary != nil {
 		f.onPrimary(m.last)
 	}
-	return err
+	return warning, err
 }
 
 type member struct {
@@ -109,7 +116,8 @@ func (f *Fanout) Mode() string {
 }
 
 // Sync syncs every member, the primary first. It returns the primary's
-// counts and every member's error, each prefixed with its mode.
+// counts and every member's error and warning (dataplane.Warning), each
+// prefixed with its mode. A member that only warns synced.
 func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -127,7 +135,11 @@ func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane
 		if m.full {
 			r.Full, r.Changed = true, nil
 		}
-		if err := f.syncMember(ctx, m, r); err != nil {
+		warning, err := f.syncMember(ctx, m, r)
+		if warning != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.mode, warning))
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.mode, err))
 			continue
 		}
@@ -210,14 +222,15 @@ func (f *Fanout) Model() *model.Snapshot {
 // had, and fully syncs it from the last model before it joins: when Add
 // returns nil, b holds exactly what the other members hold. Without a
 // model yet, b joins unsynced and the loop's first sync, a full one,
-// programs it. On a sync error b does not join, the previous member stays
+// programs it. A sync that only warns (dataplane.Warning) succeeded; the
+// warning is reported by the syncs that follow. On a sync error b does not join, the previous member stays
 // and the kernel keeps what b's failed transaction did not change.
 func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.Backend, key string) (replaced dataplane.Backend, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	nm := &member{mode: mode, b: b, key: key, full: true}
 	if f.model != nil {
-		if err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+		if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
 			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
 		}
 	}
@@ -243,7 +256,8 @@ func (f *Fanout) Resync(ctx context.Context, mode v1alpha1.ProxyMode) error {
 		m.full = true
 		return nil
 	}
-	if err := f.syncMember(ctx, m, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+	// A warning does not fail the sync: the primary's syncs report it.
+	if _, err := f.syncMember(ctx, m, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
 		return fmt.Errorf("%s: full sync: %w", mode, err)
 	}
 	return nil

@@ -112,3 +112,51 @@ func TestKernelSettingsAreTheServingBackends(t *testing.T) {
 		t.Errorf("ipvs serving: %v, %v; want %v", got, err, ipvsSettings)
 	}
 }
+
+// warningBackend's syncs program everything but leave something alone
+// (a dataplane.Warning).
+type warningBackend struct{ countingBackend }
+
+type leftAlone struct{}
+
+func (leftAlone) Error() string {
+	return "ipvs: 1 virtual services exist that are not proxyshift's: tcp/198.18.0.1:80"
+}
+func (leftAlone) LeftAlone() []string { return []string{"tcp/198.18.0.1:80"} }
+
+func (b *warningBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	c, _ := b.countingBackend.Sync(ctx, req)
+	return c, leftAlone{}
+}
+
+// TestWarningIsASuccessfulSync: a member whose syncs only warn joins,
+// resyncs and checks as one whose syncs succeed; its warning reaches
+// onPrimary and the loop, apart from any error.
+func TestWarningIsASuccessfulSync(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	var got []PrimarySync
+	f.SetOnPrimary(func(p PrimarySync) { got = append(got, p) })
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	ipvs := &warningBackend{countingBackend{mode: v1alpha1.ModeIPVS}}
+	if _, err := f.Add(ctx, v1alpha1.ModeIPVS, ipvs, "k"); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	if err := f.Resync(ctx, v1alpha1.ModeIPVS); err != nil {
+		t.Fatalf("Resync: %v", err)
+	}
+	if err := f.Check(ctx, v1alpha1.ModeIPVS); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	f.SetPrimary(v1alpha1.ModeIPVS)
+	c, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}})
+	if ws, rest := dataplane.SplitWarnings(err); len(ws) != 1 || rest != nil || c.Services != 3 {
+		t.Errorf("Sync: %+v, %v; want the primary's counts and its warning only", c, err)
+	}
+	last := got[len(got)-1]
+	if last.Err != nil || last.Warning == nil || last.Counts.Services != 3 {
+		t.Errorf("onPrimary got %+v; want a successful sync with its warning", last)
+	}
+}

@@ -39,6 +39,9 @@ type Result struct {
 	Duration time.Duration
 	Counts   dataplane.Counts
 	Err      error
+	// Warning is what a sync that succeeded left alone
+	// (dataplane.Warning); such a sync is not retried.
+	Warning error
 }
 
 // Loop runs syncs of one backend from one source.
@@ -143,7 +146,11 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model
 	start := time.Now()
 	counts, err := l.backend.Sync(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: full})
 	res := Result{Full: full, Start: start, Duration: time.Since(start), Counts: counts, Err: err}
-	if err == nil {
+	if _, rest := dataplane.SplitWarnings(err); err != nil && rest == nil {
+		res.Err, res.Warning = nil, err
+		klog.InfoS("Synced proxy rules, leaving other programs' objects alone", "backend", l.backend.Mode(), "warning", err.Error())
+	}
+	if res.Err == nil {
 		l.mu.Lock()
 		if l.metrics != nil && !l.pendingFrom.IsZero() && len(changes) > 0 {
 			l.metrics.NetworkProgramming.Observe(time.Since(l.pendingFrom).Seconds())

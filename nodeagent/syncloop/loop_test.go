@@ -210,3 +210,37 @@ func (b *blockingBackend) Sync(ctx context.Context, _ dataplane.SyncRequest) (da
 	}
 	return dataplane.Counts{}, nil
 }
+
+// warningBackend's syncs program everything but leave something alone.
+type warningBackend struct{ recordingBackend }
+
+type leftAlone struct{}
+
+func (leftAlone) Error() string       { return "left alone: tcp/198.18.0.1:80" }
+func (leftAlone) LeftAlone() []string { return []string{"tcp/198.18.0.1:80"} }
+
+func (b *warningBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	c, _ := b.recordingBackend.Sync(ctx, req)
+	return c, leftAlone{}
+}
+
+// TestWarningIsNotRetried: a sync that only warns is done: the loop does
+// not retry it, and hands the warning on apart from the error.
+func TestWarningIsNotRetried(t *testing.T) {
+	src, be := newFakeSource(), &warningBackend{}
+	results := make(chan Result, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	l := New(Config{SyncPeriod: time.Hour, MaxBackoff: 10 * time.Millisecond}, src, be, nil)
+	l.OnSync = func(r Result) { results <- r }
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	r := <-results
+	if r.Err != nil || r.Warning == nil || !r.Full {
+		t.Fatalf("first sync: %+v; want a full sync that succeeded with a warning", r)
+	}
+	time.Sleep(200 * time.Millisecond) // a retry would show up now
+	if s, _ := be.snapshot(); len(s) != 1 {
+		t.Errorf("%d syncs; want the one", len(s))
+	}
+}

@@ -40,11 +40,13 @@ func TestCleanupCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"proxyshift", "mine"} {
-		c.AddTable(&gnft.Table{Name: name, Family: gnft.TableFamilyIPv6})
-	}
+	c.AddTable(&gnft.Table{Name: "mine", Family: gnft.TableFamilyIPv6})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	// An earlier nftables run's table carries proxyshift's ownership mark.
+	if _, err := ns.Output(context.Background(), nil, "nft", "add table ip6 proxyshift { comment \"managed by proxyshift\"; }"); err != nil {
+		t.Fatalf("nft: %v", err)
 	}
 
 	out, err := exec.Command(agentBin, "--cleanup", "--netns", w.lab.Node.NS.Name, "--node-name", nodeName).CombinedOutput()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -132,6 +133,9 @@ func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.Ser
 func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 	delete(b.state, f)
 	rs := render(b.policy[f], ports)
+	if err := rs.collisions(); err != nil {
+		return err
+	}
 	cur, err := b.run.read(ctx, f, nil, false)
 	if err != nil {
 		return err
@@ -155,8 +159,22 @@ func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports
 		ch := portChange{name: name, old: old}
 		if sp != nil {
 			ch.new = renderPort(b.policy[f], sp)
+			if ch.new.clash != nil {
+				return ch.new.clash
+			}
 		}
 		changes = append(changes, ch)
+	}
+	keys := maps.Clone(rs.keys)
+	for _, ch := range changes {
+		keys.release(ch.name)
+	}
+	for _, ch := range changes {
+		if ch.new != nil {
+			if err := keys.claim(ch.name); err != nil {
+				return err
+			}
+		}
 	}
 	if input := incrementalRestore(changes); input != nil {
 		if err := b.run.restore(ctx, f, input); err != nil {
@@ -170,6 +188,7 @@ func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports
 			rs.ports[ch.name] = ch.new
 		}
 	}
+	rs.keys = keys
 	return nil
 }
 

@@ -3,6 +3,7 @@ package iptables
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"fmt"
 	"strings"
 
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -100,10 +101,59 @@ func endpointChain(n portNames, ep model.Endpoint) string {
 
 const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 
-// hashed returns the SHA-256 of s in base32.
-func hashed(s string) string {
+// hashed returns the hash of s chain names are made of: SHA-256 in
+// base32. Tests replace it with a weak one, to make names collide.
+var hashed = func(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return base32.StdEncoding.EncodeToString(sum[:])
+}
+
+// NameCollisionError says two service ports, or two endpoints of one
+// port, got the same chain names: their hashes collide, in the 8
+// characters of a port prefix or of an endpoint chain. Programming both
+// would merge their rules, so the sync fails instead, naming both.
+type NameCollisionError struct {
+	// Chain is the name (or port prefix) both would use.
+	Chain string
+	// First and Second are what collide: two service ports
+	// (namespace/name:port/PROTOCOL), or two endpoints of one port
+	// (port -> address:port), in sorted order.
+	First, Second string
+}
+
+// Error names the two and the chain name.
+func (e *NameCollisionError) Error() string {
+	return fmt.Sprintf("iptables: %s and %s hash to the same chain name %s: neither is synced, rather than merge their rules; rename one of them", e.First, e.Second, e.Chain)
+}
+
+// collision returns the error for chain, claimed by a and b.
+func collision(chain, a, b string) *NameCollisionError {
+	if b < a {
+		a, b = b, a
+	}
+	return &NameCollisionError{Chain: chain, First: a, Second: b}
+}
+
+// portKeys records the service port each port prefix (portNames.key)
+// belongs to, so that a sync can refuse a second port with the same one.
+type portKeys map[string]model.ServicePortName
+
+// claim records that port n uses its port prefix, and returns a
+// *NameCollisionError if another port has it.
+func (pk portKeys) claim(n model.ServicePortName) error {
+	key := namesFor(n).key
+	if o, ok := pk[key]; ok && o != n {
+		return collision(key+"-…", o.String(), n.String())
+	}
+	pk[key] = n
+	return nil
+}
+
+// release forgets the prefix of port n.
+func (pk portKeys) release(n model.ServicePortName) {
+	if key := namesFor(n).key; pk[key] == n {
+		delete(pk, key)
+	}
 }
 
 // blockKey returns the port prefix of a per-port chain name; false for

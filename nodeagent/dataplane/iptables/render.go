@@ -37,6 +37,9 @@ type portRules struct {
 	shared []sharedRule
 	// endpoints is the number of endpoint chains.
 	endpoints int
+	// clash, if not nil, says two endpoints of the port got one chain
+	// name: the port cannot be synced.
+	clash *NameCollisionError
 }
 
 // jumpRule hooks a fixed chain into a built-in chain.
@@ -63,6 +66,8 @@ type ruleset struct {
 	// in the kernel the ports' shared rules come before those.
 	fixed []*chain
 	ports map[model.ServicePortName]*portRules
+	// keys are the ports' prefixes.
+	keys portKeys
 }
 
 // render describes everything proxyshift programs in one family for the
@@ -74,6 +79,23 @@ func render(np *dataplane.NodePolicy, ports map[model.ServicePortName]*model.Ser
 		rs.ports[name] = renderPort(np, sp)
 	}
 	return rs
+}
+
+// collisions returns the first *NameCollisionError of the ruleset, in
+// the ports' order: two ports with one port prefix, or two endpoints of
+// a port with one chain; nil when every name is unique. It records the
+// ports' prefixes for later incremental syncs (ruleset.keys).
+func (rs *ruleset) collisions() error {
+	rs.keys = portKeys{}
+	for _, name := range model.SortedNames(rs.ports) {
+		if err := rs.keys.claim(name); err != nil {
+			return err
+		}
+		if c := rs.ports[name].clash; c != nil {
+			return c
+		}
+	}
+	return nil
 }
 
 // renderFixed returns the fixed chains of the family np is for.
@@ -223,8 +245,13 @@ func renderPort(np *dataplane.NodePolicy, sp *model.ServicePort) *portRules {
 	if pol.Local != nil {
 		pr.chains = append(pr.chains, policyChain(sp, &pol, n, n.local, pol.Local, pol.Internal == dataplane.TargetLocal))
 	}
+	seen := map[string]model.Endpoint{}
 	for _, ep := range pol.Endpoints() {
 		name := endpointChain(n, ep)
+		if o, ok := seen[name]; ok && pr.clash == nil {
+			pr.clash = collision(name, n.id+" -> "+o.String(), n.id+" -> "+ep.String())
+		}
+		seen[name] = ep
 		dnat := "-p " + proto
 		if sp.AffinityTimeout > 0 {
 			dnat += " -m recent --set --name " + name

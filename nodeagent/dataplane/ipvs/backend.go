@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -119,16 +120,21 @@ func (b *Backend) Mode() string { return "ipvs" }
 
 // ConflictError lists virtual services the model wants that exist in the
 // kernel and are not the backend's. They are left alone; everything else
-// is programmed.
+// is programmed: it is a dataplane.Warning, not a failed sync.
 type ConflictError struct {
 	// Keys are the virtual services, as protocol/address:port.
 	Keys []string
 }
 
+var _ dataplane.Warning = (*ConflictError)(nil)
+
 // Error names the virtual services.
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("ipvs: %d virtual services exist that are not proxyshift's, left alone and not programmed: %s", len(e.Keys), text.List(e.Keys, ", ", 10))
 }
+
+// LeftAlone returns the virtual services.
+func (e *ConflictError) LeftAlone() []string { return e.Keys }
 
 // Sync programs the model's families (those present in req.Model.Ports).
 //
@@ -249,8 +255,14 @@ func (b *Backend) full(kn *kernel, f *family, ports map[model.ServicePortName]*m
 	return conflicts, nil
 }
 
-// incremental rewrites what the changed service ports had.
+// incremental rewrites what the changed service ports had. It writes to
+// the helper table only while it is still ours (a full sync reads it,
+// and refuses one another program put in its place).
 func (b *Backend) incremental(kn *kernel, f *family, st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet) ([]vsKey, error) {
+	if _, err := nft.FindTable(kn.netns, f.Family, TableName); err != nil {
+		delete(b.state, f)
+		return nil, err
+	}
 	changes, conflicts := changesFor(st, ports, changed)
 	if p := incrementalPlan(st, changes); !p.empty() {
 		if err := kn.apply(f, st, p); err != nil {

@@ -275,6 +275,10 @@ func TestVMForeignVirtualServicesSurvive(t *testing.T) {
 		if !errors.As(err, &ce) || !slices.Equal(ce.Keys, []string{"tcp/198.18.0.1:30090"}) {
 			t.Errorf("%s: %v; want a conflict on tcp/198.18.0.1:30090 only", step, err)
 		}
+		// A warning, not a failed sync: nothing else went wrong.
+		if ws, rest := dataplane.SplitWarnings(err); len(ws) != 1 || rest != nil || !strings.Contains(err.Error(), "tcp/198.18.0.1:30090") {
+			t.Errorf("%s: %v is not a warning naming tcp/198.18.0.1:30090 alone (warnings %v, rest %v)", step, err, ws, rest)
+		}
 	}
 
 	present := func(step string, want bool) {

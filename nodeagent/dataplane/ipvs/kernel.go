@@ -410,7 +410,7 @@ type tableContents struct {
 // rewrite the rest anyway).
 func (kn *kernel) readTable(f *family, counts bool) (*tableContents, error) {
 	tc := &tableContents{records: map[vsKey]string{}}
-	conn, t, err := nft.OpenTable(kn.netns, f.Table, TableName)
+	conn, t, err := nft.OpenTable(kn.netns, f.Family, TableName)
 	if err != nil || t == nil {
 		return tc, err
 	}

@@ -107,7 +107,13 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	return c, errors.Join(errs...)
 }
 
+// syncFamily syncs one family, refusing (with a *nft.ForeignTableError)
+// a table of our name that another program created.
 func (b *Backend) syncFamily(f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
+	if _, err := nft.FindTable(b.netns, f, TableName); err != nil {
+		delete(b.state, f)
+		return fmt.Errorf("nftables: %w", err)
+	}
 	if st := b.state[f]; st != nil && !req.Full {
 		if err := b.incremental(f, st, ports, req.Changed); err == nil {
 			return nil
@@ -260,7 +266,7 @@ func (b *Backend) commit(f *family, ops []op) error {
 // list reads the definitions of the chains and named sets of the
 // family's table; nil if there is no table.
 func (b *Backend) list(f *family) (*kernelTable, error) {
-	conn, t, err := nft.OpenTable(b.netns, f.Table, TableName)
+	conn, t, err := nft.OpenTable(b.netns, f, TableName)
 	if err != nil || t == nil {
 		return nil, err
 	}
@@ -293,19 +299,16 @@ func (b *Backend) list(f *family) (*kernelTable, error) {
 // every rule plus every element of the maps and sets a sync writes (not
 // the affinity sets, which the packet path fills).
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
-	conn, err := nft.Open(b.netns)
-	if err != nil {
-		return dataplane.Counts{}, err
-	}
-	return dataplane.SumFamilies(ctx, families, func(f *family) (dataplane.Counts, error) { return b.programmed(conn, f) })
+	return dataplane.SumFamilies(ctx, families, b.programmed)
 }
 
-// programmed reads back what the kernel holds in family f's table.
-func (b *Backend) programmed(conn *nftables.Conn, f *family) (dataplane.Counts, error) {
+// programmed reads back what the kernel holds in family f's table; a
+// table of our name that is not ours is a *nft.ForeignTableError.
+func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 	var total dataplane.Counts
-	t, err := nft.FindTable(conn, f.Table, TableName)
+	conn, t, err := nft.OpenTable(b.netns, f, TableName)
 	if err != nil {
-		return total, err
+		return total, fmt.Errorf("nftables: %w", err)
 	}
 	if t == nil {
 		return total, nil
@@ -364,33 +367,38 @@ func (b *Backend) programmed(conn *nftables.Conn, f *family) (dataplane.Counts, 
 
 // Present says whether the proxyshift table exists in either family:
 // whether this node has (or had, if it was never cleaned up) nftables
-// mode programmed, as an agent starting up needs to know.
+// mode programmed, as an agent starting up needs to know. A table of that
+// name another program created is not proxyshift's and does not count
+// (Sync, Programmed and Cleanup report it).
 func (b *Backend) Present(context.Context) (bool, error) {
 	return nft.TableExists(b.netns, TableName)
 }
 
 // Cleanup deletes the proxyshift table of both families, with everything
 // in it, and returns one line per deleted table. Missing tables are not an
-// error. The next Sync is a full one.
+// error; a table of our name that another program created is left as it
+// is and reported (*nft.ForeignTableError), after the other family is
+// cleaned up. The next Sync is a full one.
 func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.state = map[*family]*familyState{}
 	b.stale = map[*family]map[string]bool{}
 	var removed []string
+	var errs []error
 	for _, f := range families {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
 		line, err := nft.DeleteTable(b.netns, f, TableName)
 		if err != nil {
-			return removed, fmt.Errorf("nftables: %w", err)
+			errs = append(errs, fmt.Errorf("nftables: %w", err))
 		}
 		if line != "" {
 			removed = append(removed, line)
 		}
 	}
-	return removed, nil
+	return removed, errors.Join(errs...)
 }
 
 // sharedMaps are the maps whose elements belong to service ports.
@@ -439,3 +447,13 @@ func (objs *portObjects) counts() dataplane.Counts {
 
 // familyKey is the model family a table family programs.
 func familyKey(f *family) corev1.IPFamily { return f.Model }
+
+// CheckOwned returns nil when table name of family fam (famName in
+// messages: ip, ip6, inet) in network namespace netns carries
+// proxyshift's mark or does not exist, and an error naming it when it
+// exists without the mark: another program's look-alike, which
+// proxyshift must leave alone (see nft.OwnerComment).
+func CheckOwned(netns nsexec.NS, fam nftables.TableFamily, famName, name string) error {
+	_, err := nft.CheckOwned(netns, fam, famName, name)
+	return err
+}

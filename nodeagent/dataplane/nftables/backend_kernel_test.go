@@ -21,6 +21,7 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -579,5 +580,64 @@ func TestKernelLeavesOtherTablesAlone(t *testing.T) {
 	}
 	if _, err := conn.ListChain(other, "nat-prerouting"); err != nil {
 		t.Errorf("another table's chain is gone: %v", err)
+	}
+}
+
+// TestKernelForeignTable: a table named proxyshift that another program
+// created (without proxyshift's mark) is reported by every call, and left
+// exactly as it was; the other family is served as usual.
+func TestKernelForeignTable(t *testing.T) {
+	ns, _ := kernelNS(t)
+	ctx := context.Background()
+	before := nfttest.Foreign(t, ns.NS(), nftables.TableFamilyIPv4, TableName)
+	unchanged := func(step string) {
+		t.Helper()
+		if after := nfttest.Snapshot(t, ns.NS(), nftables.TableFamilyIPv4, TableName); after != before {
+			t.Errorf("after %s, the foreign table changed:\n%s\nwas\n%s", step, after, before)
+		}
+	}
+	b := newBackend(t, ns)
+	if present, err := b.Present(ctx); err != nil || present {
+		t.Errorf("Present with only a foreign table: %v, %v; want false", present, err)
+	}
+	_, err := b.Sync(ctx, dataplane.SyncRequest{Model: testModel(), Full: true})
+	nfttest.RequireForeign(t, "Sync", err, "ip", TableName)
+	unchanged("Sync")
+	if listed := nfttest.List(t, ns.NS(), "ip6", TableName); !strings.Contains(listed, `comment "`+nft.OwnerComment+`"`) {
+		t.Errorf("the ip6 table proxyshift created lacks its mark:\n%s", listed)
+	}
+	_, err = b.Sync(ctx, dataplane.SyncRequest{Model: testModel()})
+	nfttest.RequireForeign(t, "second Sync", err, "ip", TableName)
+	unchanged("second Sync")
+	_, err = b.Programmed(ctx)
+	nfttest.RequireForeign(t, "Programmed", err, "ip", TableName)
+	removed, err := b.Cleanup(ctx)
+	nfttest.RequireForeign(t, "Cleanup", err, "ip", TableName)
+	unchanged("Cleanup")
+	if want := []string{"nftables table ip6 proxyshift"}; !slices.Equal(removed, want) {
+		t.Errorf("Cleanup removed %q, want %q", removed, want)
+	}
+}
+
+// TestKernelTableReplacedByForeign: a table another program puts in the
+// place of proxyshift's between two syncs is not written by the next,
+// incremental, sync.
+func TestKernelTableReplacedByForeign(t *testing.T) {
+	ns, conn := kernelNS(t)
+	ctx := context.Background()
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	conn.DelTable(&nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := nfttest.Foreign(t, ns.NS(), nftables.TableFamilyIPv4, TableName)
+	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	m.Ports[corev1.IPv4Protocol][name].Endpoints = m.Ports[corev1.IPv4Protocol][name].Endpoints[:1]
+	_, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}})
+	nfttest.RequireForeign(t, "incremental Sync", err, "ip", TableName)
+	if after := nfttest.Snapshot(t, ns.NS(), nftables.TableFamilyIPv4, TableName); after != before {
+		t.Errorf("the incremental sync changed the foreign table:\n%s\nwas\n%s", after, before)
 	}
 }

@@ -1,6 +1,8 @@
 package nftables
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -59,4 +61,20 @@ func TestKernelHoldsTheDump(t *testing.T) {
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: changed})
 	check("incremental sync")
+}
+
+// TestKernelRandomModels programs random models (dataplanetest.RandomModel,
+// fixed seeds) into fresh namespaces: the kernel must take every ruleset,
+// hold exactly the dump, and count what the sync counted.
+func TestKernelRandomModels(t *testing.T) {
+	for seed := range uint64(40) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			ns, _ := kernelNS(t)
+			b := newBackend(t, ns)
+			mustSync(t, b, dataplane.SyncRequest{Model: dt.RandomModel(rand.New(rand.NewPCG(seed, 1)), 8), Full: true})
+			for _, f := range families {
+				nfttest.Equal(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
+			}
+		})
+	}
 }

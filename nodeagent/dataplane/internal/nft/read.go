@@ -22,29 +22,16 @@ func Open(netns nsexec.NS) (*nftables.Conn, error) {
 	return nftables.New(nftables.WithNetNSFd(netns.FD()))
 }
 
-// FindTable returns table name of family fam as the kernel has it, nil if
-// there is none.
-func FindTable(conn *nftables.Conn, fam nftables.TableFamily, name string) (*nftables.Table, error) {
-	tables, err := conn.ListTablesOfFamily(fam)
-	if err != nil {
-		return nil, fmt.Errorf("nft: list the tables of family %d: %w", fam, err)
-	}
-	for _, t := range tables {
-		if t.Name == name {
-			return t, nil
-		}
-	}
-	return nil, nil
-}
-
 // OpenTable opens a connection for reading network namespace netns and
-// finds table name of family fam there: a nil table when there is none.
-func OpenTable(netns nsexec.NS, fam nftables.TableFamily, name string) (*nftables.Conn, *nftables.Table, error) {
-	conn, err := Open(netns)
-	if err != nil {
+// finds proxyshift's table name of family f there (FindTable): a nil
+// table when there is none, a *ForeignTableError when the table there is
+// not proxyshift's.
+func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftables.Table, error) {
+	t, err := FindTable(netns, f, name)
+	if err != nil || t == nil {
 		return nil, nil, err
 	}
-	t, err := FindTable(conn, fam, name)
+	conn, err := Open(netns)
 	return conn, t, err
 }
 
@@ -144,11 +131,13 @@ func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, 
 	return nil
 }
 
-// DeleteTable deletes table name of family f in network namespace netns,
-// with everything in it, in one transaction. It returns the line that
-// says what it removed, "" when there was no such table.
+// DeleteTable deletes proxyshift's table name of family f in network
+// namespace netns, with everything in it, in one transaction. It returns
+// the line that says what it removed, "" when there was no such table; a
+// table of that name that is not proxyshift's is left, and is a
+// *ForeignTableError.
 func DeleteTable(netns nsexec.NS, f *Family, name string) (string, error) {
-	_, t, err := OpenTable(netns, f.Table, name)
+	t, err := FindTable(netns, f, name)
 	if err != nil || t == nil {
 		return "", err
 	}
@@ -160,15 +149,18 @@ func DeleteTable(netns nsexec.NS, f *Family, name string) (string, error) {
 	return fmt.Sprintf("nftables table %s %s", f.Name, name), nil
 }
 
-// TableExists says whether table name exists in either family (ip, ip6)
-// in network namespace netns.
+// TableExists says whether proxyshift's table name exists in either
+// family (ip, ip6) in network namespace netns. A table of that name that
+// is not proxyshift's does not count: it is no mode of proxyshift's that
+// the node runs (the syncs that would write it report it).
 func TableExists(netns nsexec.NS, name string) (bool, error) {
-	conn, err := Open(netns)
-	if err != nil {
-		return false, err
-	}
 	for _, f := range Families {
-		if t, err := FindTable(conn, f.Table, name); err != nil || t != nil {
+		t, err := FindTable(netns, f, name)
+		var foreign *ForeignTableError
+		if errors.As(err, &foreign) {
+			continue
+		}
+		if err != nil || t != nil {
 			return t != nil, err
 		}
 	}

@@ -29,7 +29,8 @@ import (
 // batch before sendmsg returns.
 
 // Txn is one transaction in the making: queue its messages with
-// google/nftables' calls on Conn, then Commit.
+// google/nftables' calls on Conn, then Commit. Every table it creates
+// carries proxyshift's mark (see OwnerComment).
 type Txn struct {
 	conn  *nftables.Conn
 	netns nsexec.NS
@@ -72,6 +73,7 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		return nil, nil
 	}
 	t.sent = true
+	markTables(req)
 	t.err = sendBatch(t.netns, req)
 	return nil, nil
 }
