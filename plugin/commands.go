@@ -76,13 +76,17 @@ func newCommand(streams genericiooptions.IOStreams, now func() time.Time) *cobra
 		Use:   "pause PROXYCONFIG",
 		Short: "Stop the rollout from starting more nodes (nodes in transition finish).",
 		Args:  cobra.ExactArgs(1),
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.setRollout(cmd.Context(), args[0], "paused", true, "paused") },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.setRollout(cmd.Context(), args[0], "paused", true, "paused")
+		},
 	}
 	resume := &cobra.Command{
 		Use:   "resume PROXYCONFIG",
 		Short: "Let a paused rollout go on where it stopped.",
 		Args:  cobra.ExactArgs(1),
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.setRollout(cmd.Context(), args[0], "paused", false, "resumed") },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.setRollout(cmd.Context(), args[0], "paused", false, "resumed")
+		},
 	}
 	root.AddCommand(status, nodes, pause, resume, newPlanCommand(o), newRollbackCommand(o))
 	return root
