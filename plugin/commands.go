@@ -76,15 +76,19 @@ func newCommand(streams genericiooptions.IOStreams, now func() time.Time) *cobra
 		Use:   "pause PROXYCONFIG",
 		Short: "Stop the rollout from starting more nodes (nodes in transition finish).",
 		Args:  cobra.ExactArgs(1),
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.setPaused(cmd.Context(), args[0], true) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.setRollout(cmd.Context(), args[0], "paused", true, "paused")
+		},
 	}
 	resume := &cobra.Command{
 		Use:   "resume PROXYCONFIG",
 		Short: "Let a paused rollout go on where it stopped.",
 		Args:  cobra.ExactArgs(1),
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.setPaused(cmd.Context(), args[0], false) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.setRollout(cmd.Context(), args[0], "paused", false, "resumed")
+		},
 	}
-	root.AddCommand(status, nodes, pause, resume)
+	root.AddCommand(status, nodes, pause, resume, newPlanCommand(o), newRollbackCommand(o))
 	return root
 }
 
@@ -233,20 +237,17 @@ func (o *options) nodes(ctx context.Context) error {
 	return RenderNodes(o.streams.Out, l.Items, o.now())
 }
 
-// setPaused sets spec.rollout.paused with a merge patch (nothing else of
-// the spec is sent, so concurrent edits of other fields are kept).
-func (o *options) setPaused(ctx context.Context, name string, paused bool) error {
+// setRollout sets one boolean field of spec.rollout with a merge patch
+// (nothing else of the spec is sent, so concurrent edits of other fields
+// are kept), and says what was done.
+func (o *options) setRollout(ctx context.Context, name, field string, value bool, done string) error {
 	c := &v1alpha1.ProxyConfig{}
 	c.Name = name
-	patch := fmt.Sprintf(`{"spec":{"rollout":{"paused":%v}}}`, paused)
+	patch := fmt.Sprintf(`{"spec":{"rollout":{%q:%v}}}`, field, value)
 	if err := o.client.Patch(ctx, c, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		return err
 	}
-	verb := "resumed"
-	if paused {
-		verb = "paused"
-	}
-	_, err := fmt.Fprintf(o.streams.Out, "proxyconfig/%s %s\n", name, verb)
+	_, err := fmt.Fprintf(o.streams.Out, "proxyconfig/%s %s\n", name, done)
 	return err
 }
 

@@ -6,9 +6,12 @@
 // node of this rollout, and who serves it?", which joins a ProxyConfig
 // with the ProxyNodes it moves. The plugin renders that picture (the same
 // one the demo prints), and turns pause and resume into one command each
-// instead of a hand-written patch. Rendering is pure (render.go, tested
-// with golden text); the commands (commands.go) only read and patch through
-// the API server.
+// instead of a hand-written patch. `plan` shows a dry run's plan (and asks
+// for one); `rollback` sets the spec back to the mode the rollout's nodes
+// ran before, so the operator's normal rollout moves them back. Rendering
+// is pure (render.go and RenderPlan, tested with golden text); the commands
+// (commands.go, plan.go, rollback.go) only read and write through the API
+// server.
 package plugin
 
 import (

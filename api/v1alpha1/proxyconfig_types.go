@@ -64,6 +64,14 @@ type RolloutPolicy struct {
 	// stopped when cleared.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+
+	// DryRun makes the operator compute the rollout and publish it in
+	// status.plan (the nodes, in batches, the canary first, and each
+	// node's preflight outcome) without changing any node. Clearing it
+	// starts that very plan if nothing else changed. A rollback under
+	// way still finishes.
+	// +optional
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // CanaryPolicy is the canary batch: moved first, then checked, then
@@ -83,13 +91,14 @@ type CanaryPolicy struct {
 }
 
 // RolloutPhase is where a ProxyConfig's rollout stands.
-// +kubebuilder:validation:Enum=Pending;Preflight;Progressing;Paused;Completed;RollingBack;Failed
+// +kubebuilder:validation:Enum=Pending;Preflight;Planned;Progressing;Paused;Completed;RollingBack;Failed
 type RolloutPhase string
 
 // The phases of a rollout.
 const (
 	RolloutPending     RolloutPhase = "Pending"
 	RolloutPreflight   RolloutPhase = "Preflight"
+	RolloutPlanned     RolloutPhase = "Planned" // spec.rollout.dryRun is set; status.plan says what would happen
 	RolloutProgressing RolloutPhase = "Progressing"
 	RolloutPaused      RolloutPhase = "Paused"
 	RolloutCompleted   RolloutPhase = "Completed"
@@ -110,6 +119,90 @@ const (
 // MaxFailedNodes bounds status.failedNodes so status stays small on big
 // clusters; the counts stay exact.
 const MaxFailedNodes = 20
+
+// Bounds of status.plan, so status stays small on big clusters; the
+// counts stay exact.
+const (
+	// MaxPlanBatches bounds status.plan.batches.
+	MaxPlanBatches = 50
+	// MaxPlanNodeNames bounds the node names listed over all batches.
+	MaxPlanNodeNames = 200
+	// MaxPlanProblems bounds status.plan.preflight.problems.
+	MaxPlanProblems = 20
+)
+
+// RolloutPlan is what a rollout would do, published while
+// spec.rollout.dryRun is set: the nodes it would move, in the order and
+// the batches the rollout moves them in.
+type RolloutPlan struct {
+	// Mode is the mode the plan moves the nodes to.
+	Mode ProxyMode `json:"mode"`
+	// MaxUnavailable is spec.rollout.maxUnavailable resolved for the
+	// selected nodes.
+	MaxUnavailable int32 `json:"maxUnavailable"`
+	// Nodes is how many nodes the plan moves.
+	Nodes int32 `json:"nodes"`
+	// BatchCount is how many batches the plan has (batches lists at most 50).
+	BatchCount int32 `json:"batchCount"`
+	// Batches are the batches in the order they start, the canary first.
+	// A batch starts when the one before it settled; at most
+	// maxUnavailable nodes are in transition at once.
+	// +optional
+	// +kubebuilder:validation:MaxItems=50
+	Batches []PlanBatch `json:"batches,omitempty"`
+	// Preflight is the outcome of the preflight checks of the nodes that
+	// do not run the mode yet.
+	Preflight PlanPreflight `json:"preflight"`
+}
+
+// PlanBatch is a set of nodes that start together.
+type PlanBatch struct {
+	// Canary marks the canary batch.
+	// +optional
+	Canary bool `json:"canary,omitempty"`
+	// Count is how many nodes the batch has.
+	Count int32 `json:"count"`
+	// Nodes names them, in order (cut when the plan names 200 nodes).
+	// +optional
+	// +kubebuilder:validation:MaxItems=200
+	Nodes []string `json:"nodes,omitempty"`
+}
+
+// PlanPreflight counts the preflight outcomes and names the nodes that
+// did not pass.
+type PlanPreflight struct {
+	// Passed is how many nodes can run the mode.
+	Passed int32 `json:"passed"`
+	// Blocked is how many nodes cannot run it (or did not report in time).
+	Blocked int32 `json:"blocked"`
+	// Waiting is how many nodes have not reported their kernel facts yet.
+	Waiting int32 `json:"waiting"`
+	// Problems names the blocked and waiting nodes, with why (at most 20).
+	// +optional
+	// +kubebuilder:validation:MaxItems=20
+	Problems []PlanProblem `json:"problems,omitempty"`
+}
+
+// PlanProblem is a node that did not pass preflight.
+type PlanProblem struct {
+	// Name is the node's name.
+	Name string `json:"name"`
+	// Outcome is Blocked or Waiting.
+	Outcome PreflightOutcome `json:"outcome"`
+	// Reason says why, in words a person can act on.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+}
+
+// PreflightOutcome is how a node did in preflight.
+// +kubebuilder:validation:Enum=Blocked;Waiting
+type PreflightOutcome string
+
+// The preflight outcomes of nodes that did not pass.
+const (
+	PreflightBlocked PreflightOutcome = "Blocked"
+	PreflightWaiting PreflightOutcome = "Waiting"
+)
 
 // NodeCounts are the rollout's node counts.
 type NodeCounts struct {
@@ -174,6 +267,10 @@ type ProxyConfigStatus struct {
 	// CompletionTime is when the current rollout completed.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// Plan is what the rollout would do, while spec.rollout.dryRun is set.
+	// +optional
+	Plan *RolloutPlan `json:"plan,omitempty"`
 }
 
 // ProxyConfig is the desired service-proxy mode of a set of nodes, and the

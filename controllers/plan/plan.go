@@ -131,6 +131,8 @@ type outcome struct {
 	degraded, degMsg string
 	// start and completion are the rollout's start and completion times.
 	start, completion *metav1.Time
+	// plan is what the rollout would do (dry run only).
+	plan *v1alpha1.RolloutPlan
 	effects
 }
 

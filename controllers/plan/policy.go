@@ -75,6 +75,7 @@ type policy struct {
 	canary       int
 	autoRollback bool
 	paused       bool
+	dryRun       bool
 	maxUnav      budget
 }
 
@@ -109,5 +110,6 @@ func parsePolicy(cfg *v1alpha1.ProxyConfig) (policy, error) {
 	}
 	pol.autoRollback = r.AutoRollback == nil || *r.AutoRollback
 	pol.paused = r.Paused
+	pol.dryRun = r.DryRun
 	return pol, nil
 }

@@ -22,6 +22,8 @@ func (p *pass) start() outcome {
 	pf := p.preflightCheck(pending, &o)
 	p.recordFailing(&o)
 	switch {
+	case p.pol.dryRun:
+		return p.dryRun(pf, min(p.pol.canary, len(pf.eligible)), o)
 	case len(pf.blocked) > 0:
 		o.phase, o.stage, o.degraded = v1alpha1.RolloutFailed, ReasonPreflightFailed, ReasonPreflightFailed
 		o.stageMsg = fmt.Sprintf("%d of %d nodes cannot run %s (%s); no node was changed", len(pf.blocked), len(pending), p.cfg.Spec.Mode, failedSummary(pf.blocked, o.failed))
@@ -82,13 +84,19 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 		o.event(false, EventCanaryPassed, "", fmt.Sprintf("the canary (%d nodes) runs %s", members, p.cfg.Spec.Mode))
 	}
 
+	canaryLeft := 0
+	if !canaryPassed {
+		canaryLeft = kEff - members
+	}
 	limit := -1
 	switch {
+	case p.pol.dryRun:
+		o.stage, limit = ReasonDryRun, 0
 	case p.pol.paused:
 		o.stage, limit = ReasonPaused, 0
 		o.stageMsg = "spec.rollout.paused is set; no new node starts"
 	case !canaryPassed:
-		o.stage, limit = ReasonCanary, kEff-members
+		o.stage, limit = ReasonCanary, canaryLeft
 		o.stageMsg = fmt.Sprintf("canary: %d of %d nodes moving to %s", members, kEff, p.cfg.Spec.Mode)
 	case p.pol.pause > 0 && k > 0 && len(pf.eligible) > 0 && members <= kEff && prevReason != ReasonRollingOut:
 		pauseStart := p.nowT.Time
@@ -131,6 +139,8 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 		return p.settle(true, &o)
 	}
 	switch o.stage {
+	case ReasonDryRun:
+		return p.dryRun(pf, canaryLeft, o)
 	case ReasonPaused, ReasonCanaryPause:
 		o.phase = v1alpha1.RolloutPaused
 	default:
@@ -149,23 +159,34 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 // limit (-1: none) and the maxUnavailable budget. It returns how many
 // eligible nodes were left waiting.
 func (p *pass) startNodes(eligible []*nodeState, limit int, o *outcome) int {
-	budget := p.maxUnav - p.unavailable()
-	started := 0
-	for _, n := range eligible {
-		if limit >= 0 && started >= limit {
+	started := batchSize(eligible, limit, p.maxUnav-p.unavailable())
+	for _, n := range eligible[:started] {
+		o.update = append(o.update, p.moveForward(n))
+		o.deadlines = append(o.deadlines, p.now.Add(p.pol.timeout))
+	}
+	return len(eligible) - started
+}
+
+// batchSize is how many eligible nodes start now: at most limit (-1: no
+// limit), and of those not in transition yet only as many as budget
+// allows. Eligible nodes in transition come first (preflightCheck sorts
+// them so), so the nodes that start are always the first ones. Both the
+// rollout and its dry-run plan cut batches with it.
+func batchSize(eligible []*nodeState, limit, budget int) int {
+	n := 0
+	for _, e := range eligible {
+		if limit >= 0 && n >= limit {
 			break
 		}
-		if !n.inTransition {
+		if !e.inTransition {
 			if budget <= 0 {
-				continue
+				break
 			}
 			budget--
 		}
-		o.update = append(o.update, p.moveForward(n))
-		o.deadlines = append(o.deadlines, p.now.Add(p.pol.timeout))
-		started++
+		n++
 	}
-	return len(eligible) - started
+	return n
 }
 
 // moveForward returns the node's ProxyNode asking for the target, with

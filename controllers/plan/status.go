@@ -38,6 +38,10 @@ func (p *pass) finish(o outcome) Result {
 	}
 	st.Phase = o.phase
 	st.StartTime, st.CompletionTime = o.start, o.completion
+	st.Plan = o.plan
+	if st.Plan == nil && p.pol.dryRun && o.phase == v1alpha1.RolloutCompleted {
+		st.Plan = &v1alpha1.RolloutPlan{Mode: p.cfg.Spec.Mode, MaxUnavailable: int32(p.maxUnav)} // nothing left to move
+	}
 	mode := p.cfg.Spec.Mode
 
 	updated := 0

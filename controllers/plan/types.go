@@ -48,6 +48,7 @@ const (
 	ReasonRollingOut      = "RollingOut"       // batches are moving
 	ReasonWaitingForNodes = "WaitingForNodes"  // nodes the rollout did not move are still settling
 	ReasonPaused          = "Paused"           // spec.rollout.paused is set
+	ReasonDryRun          = "DryRun"           // spec.rollout.dryRun is set: status.plan says what would happen
 	ReasonCompleted       = "RolloutCompleted" // every node runs the target
 	ReasonAllNodesUpdated = "AllNodesUpdated"  // Ready=True
 	ReasonInProgress      = "RolloutInProgress"

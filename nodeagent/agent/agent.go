@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -33,6 +34,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
+	"github.com/proxyshift/proxyshift/nodeagent/events"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
@@ -226,6 +228,16 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		}
 	})
 	phases := newPhaseReporter(reporter)
+	var told switcher.Events
+	if pnClient != nil {
+		// Events about the ProxyNode the agent follows (none standalone).
+		told = events.New(ctx, client, opts.NodeName, func() types.UID {
+			if pn := a.proxyNode(); pn != nil {
+				return pn.UID
+			}
+			return ""
+		})
+	}
 	sw := switcher.New(switcher.Config{
 		Fanout:     fanout,
 		Backend:    a.backend,
@@ -235,6 +247,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		NodeIPs:    a.probeIPs,
 		KubeProxy:  &kubeproxy.Node{NS: ns, MetricsURL: opts.KubeProxyMetricsURL},
 		Report:     phases,
+		Events:     told,
 		StopAt:     opts.TestStopAtPhase,
 		FailVerify: opts.TestFailVerify,
 	}, a.current().desire)

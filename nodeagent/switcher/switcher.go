@@ -93,6 +93,8 @@ type Config struct {
 	// for it, and while idle (default 2s and 30s times 15).
 	KubeProxyPoll time.Duration
 	Report        Reporter
+	// Events tells people what the switch does; nil tells nobody.
+	Events Events
 	// StopAt makes the switcher block forever once the work of this phase
 	// is done and reported (a test hook for killing the agent there).
 	StopAt v1alpha1.NodePhase
@@ -299,8 +301,18 @@ func (s *Switcher) Run(ctx context.Context, st State, step Step) error {
 		return nil
 	case <-s.cfg.Fanout.Ready():
 	}
+	// The phase the agent found the node in is not news, unless it is
+	// a switch to finish.
+	told := st.Phase
+	if Switching(st.Phase) {
+		told = ""
+	}
 	for {
 		s.report(ctx, st, step)
+		if st.Phase != told {
+			s.tellPhase(st, step)
+			told = st.Phase
+		}
 		if s.cfg.StopAt != "" && st.Phase == s.cfg.StopAt && Switching(st.Phase) {
 			// Do the phase's work, report it, then hang for the test to
 			// kill the process.
@@ -469,6 +481,7 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 		s.failed, s.failedGen, s.failedKey = true, d.Generation, string(d.Mode)+"|"+d.Key
 		s.failure = fe
 		s.mu.Unlock()
+		s.tellFailure(st, step, fe)
 		return Failed
 	}
 	return Succeeded
@@ -562,7 +575,9 @@ func (s *Switcher) awaitKubeProxy(ctx context.Context, st State, step Step) bool
 		}
 		err := s.cfg.KubeProxy.Serving(ctx)
 		if err == nil {
-			klog.InfoS("kube-proxy serves the node again", "after", time.Since(start).Round(time.Millisecond))
+			took := time.Since(start).Round(time.Millisecond)
+			klog.InfoS("kube-proxy serves the node again", "after", took)
+			s.tell(false, EventKubeProxyServing, step.Mode, "kube-proxy synced its rules and serves the node again (after %s); removing %s next", took, orNothing(st.Previous))
 			return true
 		}
 		if msg := err.Error(); msg != last {
@@ -707,10 +722,13 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 		if m == v1alpha1.ModeKubeProxy {
 			removed, err := s.cfg.KubeProxy.Cleanup(ctx)
 			klog.InfoS("Removed kube-proxy's leftovers", "objects", removed)
+			s.tellRemoved(EventKubeProxyRemoved, step.Mode, "kube-proxy's leftovers", removed)
 			if err != nil {
+				w := &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
 				s.mu.Lock()
-				s.warning = &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
+				s.warning = w
 				s.mu.Unlock()
+				s.tell(true, w.Reason, step.Mode, "%s", w.Message)
 			}
 			continue
 		}
@@ -723,6 +741,7 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 		}
 		removed, err := b.Cleanup(ctx)
 		klog.InfoS("Removed the old mode", "mode", m, "objects", removed)
+		s.tellRemoved(EventCleanedUp, step.Mode, "the objects of "+string(m), removed)
 		if err != nil {
 			return fmt.Errorf("remove %s: %w", m, err)
 		}
@@ -803,6 +822,7 @@ func (s *Switcher) removeTarget(ctx context.Context, step Step) error {
 	}
 	removed, err := b.Cleanup(ctx)
 	klog.InfoS("Rolled back: removed the failed target", "mode", step.Mode, "objects", removed, "serving", step.Restore)
+	s.tellRemoved(EventRolledBack, step.Mode, "the objects of the failed target "+string(step.Mode), removed)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", step.Mode, err)
 	}

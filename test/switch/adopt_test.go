@@ -279,6 +279,10 @@ func TestTakeoverAndHandBack(t *testing.T) {
 		}
 	}
 	w.requireOnly(v1alpha1.ModeNFTables)
+	s := w.waitStory(v1alpha1.ModeNFTables, "Preparing", "Programming", "Verifying", "WaitingForKubeProxy", "CleaningUp", "KubeProxyLeftoversRemoved", "Active")
+	requireSaid(t, s, 0, "switching from kube-proxy to nftables")
+	requireSaid(t, s, 3, "waiting for kube-proxy's pod to leave the node")
+	requireSaid(t, s, 5, "removed kube-proxy's leftovers (", "KUBE-SERVICES")
 
 	t.Log("hand-back")
 	w.setKubeProxyStopped(false)
@@ -305,4 +309,10 @@ func TestTakeoverAndHandBack(t *testing.T) {
 		}
 	}
 	servedByKubeProxy()
+	s = w.waitStory(v1alpha1.ModeKubeProxy, "Preparing", "WaitingForKubeProxy", "KubeProxyServing", "CleaningUp", "CleanedUp", "Active")
+	requireSaid(t, s, 0, "handing the node back to kube-proxy from nftables")
+	requireSaid(t, s, 1, "waiting for kube-proxy's pod to come back and sync its rules; nftables keeps serving")
+	requireSaid(t, s, 2, "kube-proxy synced its rules and serves the node again")
+	requireSaid(t, s, 4, "removed the objects of nftables (")
+	requireSaid(t, s, 5, "kube-proxy serves the node again")
 }
