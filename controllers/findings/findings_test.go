@@ -113,9 +113,14 @@ func TestRules(t *testing.T) {
 			}},
 		{code: CodeTopologyRoutingIgnored, objects: []string{"default/hints", "default/prefer-close"},
 			hit: []move{{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{
-				svc("prefer-close", func(s *corev1.Service) { d := corev1.ServiceTrafficDistributionPreferClose; s.Spec.TrafficDistribution = &d }),
+				svc("prefer-close", func(s *corev1.Service) {
+					d := corev1.ServiceTrafficDistributionPreferClose
+					s.Spec.TrafficDistribution = &d
+				}),
 				svc("hints", func(s *corev1.Service) { s.Annotations = map[string]string{corev1.AnnotationTopologyMode: "Auto"} }),
-				svc("off", func(s *corev1.Service) { s.Annotations = map[string]string{corev1.DeprecatedAnnotationTopologyAwareHints: "disabled"} }),
+				svc("off", func(s *corev1.Service) {
+					s.Annotations = map[string]string{corev1.DeprecatedAnnotationTopologyAwareHints: "disabled"}
+				}),
 				web,
 			}}},
 			miss: []move{{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}}}},
@@ -164,7 +169,7 @@ func TestRules(t *testing.T) {
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{psNFTables, idle}, services: []*corev1.Service{aff}},
 			}},
 		{code: CodeExternalLocalForNodeClients, objects: []string{"default/hc"},
-			hit: []move{{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{psIPTables}, services: []*corev1.Service{hc, lb}}},
+			hit:  []move{{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{psIPTables}, services: []*corev1.Service{hc, lb}}},
 			miss: []move{{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{psIPTables}, services: []*corev1.Service{hc}}}},
 		{code: CodeSourceRangesDropSilently, objects: []string{"default/ranged"},
 			hit: []move{{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{

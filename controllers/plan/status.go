@@ -38,6 +38,7 @@ func (p *pass) finish(o outcome) Result {
 	}
 	st.Phase = o.phase
 	st.StartTime, st.CompletionTime = o.start, o.completion
+	st.Findings = p.findings
 	mode := p.cfg.Spec.Mode
 
 	updated := 0
