@@ -286,10 +286,10 @@ type behavior struct {
 	// kubeProxyMode is the mode of the kube-proxy rules reported until
 	// the node moves to a proxyshift mode.
 	kubeProxyMode v1alpha1.ProxyMode
-	delay   time.Duration
-	jitter  time.Duration                 // up to this much is added to delay
-	failOn  map[v1alpha1.ProxyMode]string // mode -> failure message
-	hang    bool
+	delay         time.Duration
+	jitter        time.Duration                 // up to this much is added to delay
+	failOn        map[v1alpha1.ProxyMode]string // mode -> failure message
+	hang          bool
 }
 
 func allFacts() *v1alpha1.KernelFacts {
