@@ -353,14 +353,19 @@ func (cs *configState) unmet(pns map[string]*v1alpha1.ProxyNode, now time.Time) 
 	return ""
 }
 
-// onlyCounts says whether two statuses differ only in node counts and
-// condition messages (which quote the counts).
+// onlyCounts says whether two statuses differ only in node counts,
+// condition messages (which quote the counts), and the objects, counts and
+// messages of the same findings (which shrink as nodes move).
 func onlyCounts(a, b *v1alpha1.ProxyConfigStatus) bool {
 	x, y := a.DeepCopy(), b.DeepCopy()
 	x.Nodes, y.Nodes = v1alpha1.NodeCounts{}, v1alpha1.NodeCounts{}
 	for _, s := range []*v1alpha1.ProxyConfigStatus{x, y} {
 		for i := range s.Conditions {
 			s.Conditions[i].Message = ""
+		}
+		for i := range s.Findings {
+			f := &s.Findings[i]
+			f.Message, f.Objects, f.Count = "", nil, 0
 		}
 	}
 	return apiequality.Semantic.DeepEqual(x, y)
