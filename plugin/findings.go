@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/controllers/findings"
 )
 
 // findingsCommand is `kubectl proxyshift findings PROXYCONFIG`: what will
@@ -62,10 +63,8 @@ func RenderFindings(w io.Writer, c *v1alpha1.ProxyConfig) error {
 	}
 	acked := c.Spec.Rollout.AcknowledgedFindings
 	var holding []string
-	for _, f := range fs {
-		if f.Severity == v1alpha1.SeverityCritical && !slices.Contains(acked, f.Code) {
-			holding = append(holding, f.Code)
-		}
+	for _, f := range findings.Unacknowledged(fs, acked) {
+		holding = append(holding, f.Code)
 	}
 	fmt.Fprintf(w, "proxyconfig/%s: %d findings for the nodes still to move to %s", c.Name, len(fs), c.Spec.Mode)
 	if len(holding) > 0 {
