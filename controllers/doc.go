@@ -129,14 +129,15 @@
 //
 // Events: RolloutStarted, CanaryPassed, NodeUpdated (one per pass, naming
 // the nodes newly updated), NodeFailed, RollbackStarted, RolloutCompleted,
-// Conflict, PreflightFailed. They derive from status changes, so a restart
+// Conflict, PreflightFailed, AcknowledgementRequired. They derive from status changes, so a restart
 // repeats none, except that the first pass of a new process does not
 // announce nodes that were already updated.
 package controllers
 
 // The operator's permissions, rendered into config/rbac/operator by
 // `make manifests`; config/rbac/README.md says what uses each verb. It
-// lists and watches ProxyConfigs, ProxyNodes and Nodes (the manager's
+// lists and watches ProxyConfigs, ProxyNodes, Nodes and Services (the
+// behaviour-diff preflight reads them; the manager's
 // cache serves every get), writes ProxyConfig status and ProxyNodes,
 // records Events (events.k8s.io), and checks the tokens that scrape its
 // metrics (TokenReviews, SubjectAccessReviews). For the handover it
@@ -151,6 +152,7 @@ package controllers
 // +kubebuilder:rbac:groups=network.proxyshift.io,resources=proxynodes,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=services,verbs=list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=list;watch;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create

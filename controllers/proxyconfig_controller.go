@@ -42,7 +42,8 @@ const DefaultStatusCoalesce = time.Second
 const expectationTTL = 30 * time.Second
 
 // ProxyConfigReconciler reconciles ProxyConfigs: it reads the config, the
-// Nodes (metadata only) and the ProxyNodes, calls plan.Plan, and writes the
+// Nodes (metadata only), the ProxyNodes and the Services (trimmed to what
+// controllers/findings reads), calls plan.Plan, and writes the
 // result: ProxyNode creates and spec updates, the ProxyConfig status, and
 // events. It keeps no rollout state of its own; what it keeps in memory
 // only avoids acting on a cache older than its own writes and repeating
@@ -50,7 +51,7 @@ const expectationTTL = 30 * time.Second
 type ProxyConfigReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
-	// Cache, when set, is the manager's cache: Nodes and ProxyNodes are then
+	// Cache, when set, is the manager's cache: Nodes, ProxyNodes and Services are then
 	// read straight from its informers' stores, without copying thousands
 	// of objects into a list on every reconcile. Nil reads through Client.
 	Cache cache.Cache
@@ -214,8 +215,12 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	svcs, err := r.readServices(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	tList := time.Since(now)
-	res := plan.Plan(plan.Input{Config: cfg, Others: configs.Items, Nodes: nodes, ProxyNodes: pns, Now: now, KubeProxy: kp})
+	res := plan.Plan(plan.Input{Config: cfg, Others: configs.Items, Nodes: nodes, ProxyNodes: pns, Now: now, KubeProxy: kp, Services: svcs})
 	tPlan := time.Since(now) - tList
 	defer func() {
 		log.V(1).Info("planned", "phase", res.Status.Phase, "updated", res.Status.Nodes.Summary, "create", len(res.Create),
@@ -348,14 +353,19 @@ func (cs *configState) unmet(pns map[string]*v1alpha1.ProxyNode, now time.Time) 
 	return ""
 }
 
-// onlyCounts says whether two statuses differ only in node counts and
-// condition messages (which quote the counts).
+// onlyCounts says whether two statuses differ only in node counts,
+// condition messages (which quote the counts), and the objects, counts and
+// messages of the same findings (which shrink as nodes move).
 func onlyCounts(a, b *v1alpha1.ProxyConfigStatus) bool {
 	x, y := a.DeepCopy(), b.DeepCopy()
 	x.Nodes, y.Nodes = v1alpha1.NodeCounts{}, v1alpha1.NodeCounts{}
 	for _, s := range []*v1alpha1.ProxyConfigStatus{x, y} {
 		for i := range s.Conditions {
 			s.Conditions[i].Message = ""
+		}
+		for i := range s.Findings {
+			f := &s.Findings[i]
+			f.Message, f.Objects, f.Count = "", nil, 0
 		}
 	}
 	return apiequality.Semantic.DeepEqual(x, y)
@@ -510,4 +520,33 @@ func (r *ProxyConfigReconciler) readNodes(ctx context.Context) ([]plan.Node, map
 		pns[pnList.Items[i].Name] = &pnList.Items[i]
 	}
 	return nodes, pns, nil
+}
+
+// readServices returns every Service, as the cache's transform trimmed
+// them (findings.Trim). They are the cache's own objects: read them, never
+// change them.
+func (r *ProxyConfigReconciler) readServices(ctx context.Context) ([]*corev1.Service, error) {
+	if r.Cache != nil {
+		if inf, err := r.Cache.GetInformer(ctx, &corev1.Service{}); err == nil {
+			if sg, ok := inf.(storeGetter); ok {
+				objs := sg.GetStore().List()
+				out := make([]*corev1.Service, 0, len(objs))
+				for _, o := range objs {
+					if svc, ok := o.(*corev1.Service); ok {
+						out = append(out, svc)
+					}
+				}
+				return out, nil
+			}
+		}
+	}
+	var l corev1.ServiceList
+	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Service, len(l.Items))
+	for i := range l.Items {
+		out[i] = &l.Items[i]
+	}
+	return out, nil
 }

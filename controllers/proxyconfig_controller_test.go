@@ -40,6 +40,16 @@ func TestOnlyCounts(t *testing.T) {
 	if onlyCounts(a, b) {
 		t.Error("phase changed: want false")
 	}
+	a.Findings = []v1alpha1.Finding{{Code: "LeavingKubeProxy", Severity: v1alpha1.SeverityInfo, Message: "(3 nodes)", Objects: []string{"node/a", "node/b", "node/c"}, Count: 3}}
+	b = a.DeepCopy()
+	b.Findings[0].Message, b.Findings[0].Objects, b.Findings[0].Count = "(2 nodes)", []string{"node/b", "node/c"}, 2
+	if !onlyCounts(a, b) {
+		t.Error("a finding's objects shrank: want true")
+	}
+	b.Findings = append(b.Findings, v1alpha1.Finding{Code: "HealthCheckNodePortNotServed", Severity: v1alpha1.SeverityCritical})
+	if onlyCounts(a, b) {
+		t.Error("a finding appeared: want false")
+	}
 }
 
 func TestParallel(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/controllers/findings"
 	"github.com/proxyshift/proxyshift/controllers/plan"
 )
 
@@ -55,6 +56,8 @@ func ParseDaemonSet(s string) (types.NamespacedName, error) {
 // (node annotations are often large); ProxyNode status loses the sync
 // figures the agent refreshes all the time. ProxyNode metadata and spec
 // stay whole, because the reconciler updates ProxyNodes from the cache.
+// Services keep only what the behaviour-diff preflight reads
+// (findings.Trim).
 // With a kube-proxy DaemonSet, the cache holds that DaemonSet only (whole:
 // it is updated from the cache) and the pods of its namespace only, each
 // trimmed to its name, labels, deletion and node.
@@ -76,6 +79,8 @@ func CacheOptions(opts Options) cache.Options {
 			if st.Kernel != nil {
 				st.Kernel.Version, st.Kernel.ReportedTime = "", nil
 			}
+		case *corev1.Service:
+			return findings.Trim(o), nil
 		case *corev1.Pod:
 			return &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace, UID: o.UID, ResourceVersion: o.ResourceVersion,
@@ -119,9 +124,9 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*ProxyConfigReconciler, e
 
 // SetupWithManager registers the reconciler and its watches: ProxyConfigs
 // (spec changes; a change of one re-checks the others for conflicts),
-// Nodes (metadata only: creation, deletion, label changes) and ProxyNodes
+// Nodes (metadata only: creation, deletion, label changes), ProxyNodes
 // (changes that matter to planning), each mapped to the ProxyConfigs
-// concerned. There is no periodic resync; timeouts and pauses are handled
+// concerned, and Services (trimmed; every config). There is no periodic resync; timeouts and pauses are handled
 // with RequeueAfter.
 func (r *ProxyConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
@@ -174,12 +179,30 @@ func (r *ProxyConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				m.forProxyNode(ctx, q, e.Object)
 			},
 		})
+	// Services feed every plan's findings: a Service created, deleted or
+	// changed in what the findings read re-plans every config.
+	everyConfig := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		m.others(ctx, "", q)
+	}
+	b = b.Watches(&corev1.Service{}, handler.Funcs{
+		CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			everyConfig(ctx, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			o, ok1 := e.ObjectOld.(*corev1.Service)
+			n, ok2 := e.ObjectNew.(*corev1.Service)
+			if !ok1 || !ok2 || !apiequality.Semantic.DeepEqual(o.Spec, n.Spec) || !apiequality.Semantic.DeepEqual(o.Labels, n.Labels) ||
+				!apiequality.Semantic.DeepEqual(o.Annotations, n.Annotations) {
+				everyConfig(ctx, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			everyConfig(ctx, q)
+		},
+	})
 	if ds := r.KubeProxyDaemonSet; ds.Name != "" {
 		// Whether kube-proxy's DaemonSet exists is part of every plan's
 		// preflight: its creation or deletion re-plans every config.
-		everyConfig := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			m.others(ctx, "", q)
-		}
 		b = b.Watches(&appsv1.DaemonSet{}, handler.Funcs{
 			CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				if client.ObjectKeyFromObject(e.Object) == ds {

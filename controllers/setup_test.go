@@ -83,6 +83,29 @@ func TestCacheTransform(t *testing.T) {
 	}
 }
 
+// TestCacheTransformServices: the cache keeps of a Service what the
+// findings read (findings.Trim), not the rest.
+func TestCacheTransformServices(t *testing.T) {
+	tr := CacheOptions(Options{}).DefaultTransform
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "front", Annotations: map[string]string{"big": "x"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "x"}}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "front"}, HealthCheckNodePort: 32000,
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal},
+	}
+	out, err := tr(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*corev1.Service)
+	if got.Name != "front" || got.Spec.HealthCheckNodePort != 32000 || got.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		t.Errorf("stripped too much: %+v", got)
+	}
+	if got.Annotations != nil || got.ManagedFields != nil || got.Spec.Selector != nil {
+		t.Errorf("not stripped: %+v", got)
+	}
+}
+
 func TestParseDaemonSet(t *testing.T) {
 	for in, want := range map[string]string{"": "", "kube-system/kube-proxy": "kube-system/kube-proxy", "kube-proxy": "error",
 		"/kube-proxy": "error", "kube-system/": "error", "a/b/c": "error"} {

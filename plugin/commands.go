@@ -88,7 +88,7 @@ func newCommand(streams genericiooptions.IOStreams, now func() time.Time) *cobra
 			return o.setRollout(cmd.Context(), args[0], "paused", false, "resumed")
 		},
 	}
-	root.AddCommand(status, nodes, pause, resume, newPlanCommand(o), newRollbackCommand(o))
+	root.AddCommand(status, nodes, pause, resume, newPlanCommand(o), newRollbackCommand(o), findingsCommand(o))
 	return root
 }
 
@@ -263,15 +263,19 @@ func (o *options) print(items []runtime.Object) error {
 	if items == nil {
 		items = []runtime.Object{}
 	}
-	list := map[string]any{"apiVersion": "v1", "kind": "List", "items": items}
+	return o.encode(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+// encode writes v in the -o format (json or yaml).
+func (o *options) encode(v any) error {
 	var out []byte
 	var err error
 	switch o.output {
 	case "json":
-		out, err = json.MarshalIndent(list, "", "    ")
+		out, err = json.MarshalIndent(v, "", "    ")
 		out = append(out, '\n')
 	case "yaml":
-		out, err = yaml.Marshal(list)
+		out, err = yaml.Marshal(v)
 	default:
 		return fmt.Errorf("--output %q: want json or yaml", o.output)
 	}

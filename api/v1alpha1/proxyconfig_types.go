@@ -72,6 +72,17 @@ type RolloutPolicy struct {
 	// way still finishes.
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
+	// AcknowledgedFindings are codes of status.findings a person has read
+	// and accepts. A rollout does not start while a Critical finding's
+	// code is missing here: it holds in phase Preflight, and the
+	// Progressing condition names the codes to acknowledge. Warning and
+	// Info findings never hold a rollout.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=64
+	// +kubebuilder:validation:items:Pattern=`^[A-Z][A-Za-z0-9]*$`
+	// +listType=set
+	AcknowledgedFindings []string `json:"acknowledgedFindings,omitempty"`
 }
 
 // CanaryPolicy is the canary batch: moved first, then checked, then
@@ -204,6 +215,55 @@ const (
 	PreflightWaiting PreflightOutcome = "Waiting"
 )
 
+// MaxFindings bounds status.findings; MaxFindingObjects bounds the objects
+// each finding names (its count stays exact).
+const (
+	MaxFindings       = 32
+	MaxFindingObjects = 10
+)
+
+// FindingSeverity says how much a finding matters.
+// +kubebuilder:validation:Enum=Info;Warning;Critical
+type FindingSeverity string
+
+// The severities of a finding.
+const (
+	// SeverityInfo: behaviour differs in a way that rarely matters.
+	SeverityInfo FindingSeverity = "Info"
+	// SeverityWarning: something may stop working, depending on how the
+	// cluster is used.
+	SeverityWarning FindingSeverity = "Warning"
+	// SeverityCritical: something that works now stops working on the
+	// moved nodes; the rollout holds until the code is acknowledged.
+	SeverityCritical FindingSeverity = "Critical"
+)
+
+// Finding is one way the selected nodes will behave differently in the
+// target mode from what serves them now, found from the cluster's
+// Services and the nodes' reports before they move.
+type Finding struct {
+	// Code names the finding; it is stable and is what
+	// spec.rollout.acknowledgedFindings lists.
+	// +kubebuilder:validation:MaxLength=64
+	Code string `json:"code"`
+	// Severity is Info, Warning or Critical.
+	Severity FindingSeverity `json:"severity"`
+	// Message says what will behave differently, and where.
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message"`
+	// Objects are the first objects affected ("namespace/name" for
+	// Services, "node/<name>" for nodes), sorted.
+	// +optional
+	// +kubebuilder:validation:MaxItems=10
+	// +kubebuilder:validation:items:MaxLength=320
+	Objects []string `json:"objects,omitempty"`
+	// Count is how many objects are affected in all.
+	Count int32 `json:"count"`
+	// Action says what to do about it.
+	// +kubebuilder:validation:MaxLength=1024
+	Action string `json:"action"`
+}
+
 // NodeCounts are the rollout's node counts.
 type NodeCounts struct {
 	// Selected is how many nodes the selector matches.
@@ -271,6 +331,14 @@ type ProxyConfigStatus struct {
 	// Plan is what the rollout would do, while spec.rollout.dryRun is set.
 	// +optional
 	Plan *RolloutPlan `json:"plan,omitempty"`
+	// Findings are what will behave differently on the selected nodes
+	// that still have to move, compared with what serves them now, most
+	// severe first (docs/behaviour-differences.md lists every code).
+	// +optional
+	// +listType=map
+	// +listMapKey=code
+	// +kubebuilder:validation:MaxItems=32
+	Findings []Finding `json:"findings,omitempty"`
 }
 
 // ProxyConfig is the desired service-proxy mode of a set of nodes, and the

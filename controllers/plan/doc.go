@@ -1,8 +1,8 @@
 // Package plan is the operator's decision-making, as one pure function:
 // Plan takes a ProxyConfig (with the status last written), the other
-// ProxyConfigs, the Nodes, the ProxyNodes and the time, and returns the
-// ProxyNodes to create and update, the complete new status, the events and
-// when to look again. It reads nothing else and changes nothing it is
+// ProxyConfigs, the Nodes, the ProxyNodes, the Services and the time, and
+// returns the ProxyNodes to create and update, the complete new status,
+// the events and when to look again. It reads nothing else and changes nothing it is
 // given, so every decision is unit-tested (sim_test.go is a simulated
 // world of nodes and agents; plan_test.go drives it through hundreds of
 // random rollouts and checks the maxUnavailable invariant at every step).
@@ -21,6 +21,9 @@
 //   - selection.go: the selected nodes, conflicts, each node's state from
 //     its ProxyNode, membership in the current rollout, pending nodes and
 //     the preflight check;
+//   - findings.go: what will behave differently on the nodes still to
+//     move (controllers/findings), and the Critical findings not yet
+//     acknowledged, which hold a rollout's start;
 //   - rollout.go: starting a rollout, moving it on (canary, pause,
 //     batches), settling it;
 //   - rollback.go: stopping a rollout and sending its nodes back;

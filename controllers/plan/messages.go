@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
 // The words of the conditions and events: each names the nodes, and the
@@ -67,6 +69,17 @@ func conflictText(conflicts map[string][]string) string {
 	}
 	return fmt.Sprintf("%d nodes are selected by another ProxyConfig too and are left alone: %s; make the node selectors disjoint",
 		len(ns), strings.Join(parts, ", "))
+}
+
+// acknowledgementText says which Critical findings hold the rollout and
+// how to let it go.
+func acknowledgementText(fs []v1alpha1.Finding) string {
+	var parts []string
+	for _, f := range fs {
+		parts = append(parts, fmt.Sprintf("%s (%d: %s)", f.Code, f.Count, strings.Join(f.Objects[:min(len(f.Objects), 3)], ", ")))
+	}
+	return fmt.Sprintf("the rollout holds until spec.rollout.acknowledgedFindings lists the Critical findings %s; read status.findings for what changes and what to do",
+		strings.Join(parts, ", "))
 }
 
 // names lists up to max of ns by name.

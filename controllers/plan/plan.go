@@ -45,6 +45,9 @@ type pass struct {
 	maxUnav int
 	// rid names the current rollout ("" when there is none).
 	rid string
+	// findings are what will behave differently on the nodes that still
+	// have to move, as the pass found them before moving any.
+	findings []v1alpha1.Finding
 }
 
 // run decides the pass's outcome.
@@ -66,6 +69,7 @@ func (p *pass) run() outcome {
 		return outcome{phase: v1alpha1.RolloutPending, stage: ReasonConflict, stageMsg: "every selected node is selected by another ProxyConfig too"}
 	}
 	e := p.classify()
+	p.findings = p.behaviourDiff()
 	o := p.decide()
 	o.effects = e.then(o.effects)
 	return o

@@ -34,6 +34,12 @@ func (p *pass) start() outcome {
 	case len(pf.waiting) > 0:
 		o.phase, o.stage = v1alpha1.RolloutPreflight, ReasonPreflight
 		o.stageMsg = fmt.Sprintf("waiting for the agents of %d nodes to report kernel facts (%s)", len(pf.waiting), names(pf.waiting, 5))
+	case len(p.unacknowledged()) > 0:
+		o.phase, o.stage = v1alpha1.RolloutPreflight, ReasonAcknowledgementRequired
+		o.stageMsg = acknowledgementText(p.unacknowledged())
+		if p.prevReason(v1alpha1.ConditionProgressing) != ReasonAcknowledgementRequired {
+			o.event(true, EventAcknowledgementRequired, "", o.stageMsg)
+		}
 	case p.pol.paused:
 		o.phase, o.stage = v1alpha1.RolloutPaused, ReasonPaused
 		o.stageMsg = fmt.Sprintf("spec.rollout.paused is set; %d nodes are waiting to move to %s", len(pending), p.cfg.Spec.Mode)

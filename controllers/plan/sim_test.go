@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -77,6 +78,8 @@ type sim struct {
 	step           int
 	// kubeProxy is what the operator knows of kube-proxy's DaemonSet.
 	kubeProxy KubeProxy
+	// services are the cluster's Services.
+	services []*corev1.Service
 }
 
 func newSim(t *testing.T, n int, mode v1alpha1.ProxyMode, mut ...func(*v1alpha1.ProxyConfig)) *sim {
@@ -132,7 +135,7 @@ func (s *sim) others() []v1alpha1.ProxyConfig {
 }
 
 func (s *sim) input(c *v1alpha1.ProxyConfig) Input {
-	return Input{Config: c.DeepCopy(), Others: s.others(), Nodes: s.nodes, ProxyNodes: s.pns, Now: s.now, KubeProxy: s.kubeProxy}
+	return Input{Config: c.DeepCopy(), Others: s.others(), Nodes: s.nodes, ProxyNodes: s.pns, Now: s.now, KubeProxy: s.kubeProxy, Services: s.services}
 }
 
 // runAgents lets every agent act on its ProxyNode.

@@ -42,6 +42,7 @@ func (p *pass) finish(o outcome) Result {
 	if st.Plan == nil && p.pol.dryRun && o.phase == v1alpha1.RolloutCompleted {
 		st.Plan = &v1alpha1.RolloutPlan{Mode: p.cfg.Spec.Mode, MaxUnavailable: int32(p.maxUnav)} // nothing left to move
 	}
+	st.Findings = p.findings
 	mode := p.cfg.Spec.Mode
 
 	updated := 0

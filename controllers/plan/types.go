@@ -3,6 +3,7 @@ package plan
 import (
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -39,26 +40,29 @@ const (
 
 // Reasons of the ProxyConfig conditions. Each says what a person can do.
 const (
-	ReasonInvalidSpec     = "InvalidSpec"      // fix the spec field named in the message
-	ReasonNoNodesSelected = "NoNodesSelected"  // the selector matches no node
-	ReasonPreflight       = "Preflight"        // waiting for agents to report kernel facts
-	ReasonPreflightFailed = "PreflightFailed"  // nodes cannot run the mode; nothing was changed
-	ReasonCanary          = "Canary"           // the canary nodes are moving
-	ReasonCanaryPause     = "CanaryPause"      // the canary passed; waiting spec.rollout.canary.pause
-	ReasonRollingOut      = "RollingOut"       // batches are moving
-	ReasonWaitingForNodes = "WaitingForNodes"  // nodes the rollout did not move are still settling
-	ReasonPaused          = "Paused"           // spec.rollout.paused is set
-	ReasonDryRun          = "DryRun"           // spec.rollout.dryRun is set: status.plan says what would happen
-	ReasonCompleted       = "RolloutCompleted" // every node runs the target
-	ReasonAllNodesUpdated = "AllNodesUpdated"  // Ready=True
-	ReasonInProgress      = "RolloutInProgress"
-	ReasonNodeFailed      = "NodeFailed"     // a node failed; the rollout stopped
-	ReasonRollingBack     = "RollingBack"    // moved nodes are returning to their previous mode
-	ReasonRolledBack      = "RolledBack"     // rollback finished; the rollout failed
-	ReasonRollbackFailed  = "RollbackFailed" // a node failed to return; needs a person
-	ReasonNodeUnhealthy   = "NodeUnhealthy"  // a node the rollout cannot act on is failing
-	ReasonConflict        = "Conflict"       // nodes are selected by another ProxyConfig too
-	ReasonAsExpected      = "AsExpected"
+	ReasonInvalidSpec     = "InvalidSpec"     // fix the spec field named in the message
+	ReasonNoNodesSelected = "NoNodesSelected" // the selector matches no node
+	ReasonPreflight       = "Preflight"       // waiting for agents to report kernel facts
+	ReasonPreflightFailed = "PreflightFailed" // nodes cannot run the mode; nothing was changed
+	// ReasonAcknowledgementRequired: Critical findings hold the rollout
+	// until spec.rollout.acknowledgedFindings lists their codes.
+	ReasonAcknowledgementRequired = "AcknowledgementRequired"
+	ReasonCanary                  = "Canary"           // the canary nodes are moving
+	ReasonCanaryPause             = "CanaryPause"      // the canary passed; waiting spec.rollout.canary.pause
+	ReasonRollingOut              = "RollingOut"       // batches are moving
+	ReasonWaitingForNodes         = "WaitingForNodes"  // nodes the rollout did not move are still settling
+	ReasonPaused                  = "Paused"           // spec.rollout.paused is set
+	ReasonDryRun                  = "DryRun"           // spec.rollout.dryRun is set: status.plan says what would happen
+	ReasonCompleted               = "RolloutCompleted" // every node runs the target
+	ReasonAllNodesUpdated         = "AllNodesUpdated"  // Ready=True
+	ReasonInProgress              = "RolloutInProgress"
+	ReasonNodeFailed              = "NodeFailed"     // a node failed; the rollout stopped
+	ReasonRollingBack             = "RollingBack"    // moved nodes are returning to their previous mode
+	ReasonRolledBack              = "RolledBack"     // rollback finished; the rollout failed
+	ReasonRollbackFailed          = "RollbackFailed" // a node failed to return; needs a person
+	ReasonNodeUnhealthy           = "NodeUnhealthy"  // a node the rollout cannot act on is failing
+	ReasonConflict                = "Conflict"       // nodes are selected by another ProxyConfig too
+	ReasonAsExpected              = "AsExpected"
 )
 
 // Event reasons.
@@ -71,6 +75,9 @@ const (
 	EventRolloutCompleted = "RolloutCompleted"
 	EventConflict         = "Conflict"
 	EventPreflightFailed  = "PreflightFailed"
+	// EventAcknowledgementRequired: a rollout started holding on Critical
+	// findings.
+	EventAcknowledgementRequired = "AcknowledgementRequired"
 )
 
 // Defaults for unset policy fields (they match the API defaults, which the
@@ -106,6 +113,9 @@ type Input struct {
 	Now time.Time
 	// KubeProxy is what the operator knows of the cluster's kube-proxy.
 	KubeProxy KubeProxy
+	// Services are the cluster's Services, as findings.Trim keeps them:
+	// what the behaviour-diff preflight (controllers/findings) reads.
+	Services []*corev1.Service
 }
 
 // KubeProxy is what the planner needs to know of kube-proxy's DaemonSet:

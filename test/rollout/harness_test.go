@@ -283,10 +283,13 @@ func (w *world) waitEvent(config, reason string) {
 type behavior struct {
 	facts   *v1alpha1.KernelFacts // nil: never reports anything
 	initial v1alpha1.ProxyMode
-	delay   time.Duration
-	jitter  time.Duration                 // up to this much is added to delay
-	failOn  map[v1alpha1.ProxyMode]string // mode -> failure message
-	hang    bool
+	// kubeProxyMode is the mode of the kube-proxy rules reported until
+	// the node moves to a proxyshift mode.
+	kubeProxyMode v1alpha1.ProxyMode
+	delay         time.Duration
+	jitter        time.Duration                 // up to this much is added to delay
+	failOn        map[v1alpha1.ProxyMode]string // mode -> failure message
+	hang          bool
 }
 
 func allFacts() *v1alpha1.KernelFacts {
@@ -357,7 +360,7 @@ func (a *agents) on(pn *v1alpha1.ProxyNode) {
 		a.patchStatus(pn.Name, func(st *v1alpha1.ProxyNodeStatus) {
 			st.Kernel = b.facts.DeepCopy()
 			st.Kernel.ReportedTime = ptr.To(metav1.Now())
-			st.ActiveMode = b.initial
+			st.ActiveMode, st.KubeProxyMode = b.initial, b.kubeProxyMode
 			st.Phase = v1alpha1.NodeActive
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Synced"})
 		})
@@ -410,6 +413,9 @@ func (a *agents) act(node, key string, mode v1alpha1.ProxyMode, ref v1alpha1.Con
 		}
 		st.Phase = v1alpha1.NodeActive
 		st.ActiveMode = mode
+		if mode != v1alpha1.ModeKubeProxy {
+			st.KubeProxyMode = "" // taking over removes kube-proxy's rules
+		}
 		st.LastSyncTime = ptr.To(metav1.Now())
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Synced"})
 	})

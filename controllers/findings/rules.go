@@ -1,0 +1,165 @@
+package findings
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// rule is one documented behaviour difference. It applies to a node that
+// moves from one proxy to another; a rule with a service predicate
+// becomes a finding only when some Service matches it (the finding's
+// objects are those Services), one without names the nodes.
+type rule struct {
+	code     string
+	severity v1alpha1.FindingSeverity
+	// applies says whether the difference exists when a node moves from
+	// one proxy to another (never equal) with the target's settings.
+	applies func(from, to Proxy, s *v1alpha1.ProxySettings) bool
+	// service selects the Services the difference affects; nil: the
+	// nodes are affected.
+	service func(*corev1.Service) bool
+	// message says what changes; %[1]s is the target proxy.
+	message string
+	action  string
+}
+
+// The codes of the findings. docs/behaviour-differences.md has a row for
+// each, naming its test.
+const (
+	CodeHealthCheckNodePortNotServed = "HealthCheckNodePortNotServed"
+	CodeKubeProxyHealthzNotServed    = "KubeProxyHealthzNotServed"
+	CodeLocalhostNodePortsNotServed  = "LocalhostNodePortsNotServed"
+	CodeTopologyRoutingIgnored       = "TopologyRoutingIgnored"
+	CodeStrictARPDisabled            = "StrictARPDisabled"
+	CodeLeavingKubeProxy             = "LeavingKubeProxy"
+	CodeServiceIPsBecomeLocal        = "ServiceIPsBecomeLocal"
+	CodeServiceIPsNoLongerLocal      = "ServiceIPsNoLongerLocal"
+	CodeSessionAffinityPerAddress    = "SessionAffinityPerAddress"
+	CodeSessionAffinityReset         = "SessionAffinityReset"
+	CodeExternalLocalForNodeClients  = "ExternalLocalForNodeClients"
+	CodeSourceRangesDropSilently     = "SourceRangesDropSilently"
+	CodeUndeclaredPortsNotRejected   = "UndeclaredPortsNotRejected"
+)
+
+// rules are every difference the operator knows, in no particular order
+// (Compute sorts the findings).
+var rules = []rule{
+	{
+		code: CodeHealthCheckNodePortNotServed, severity: v1alpha1.SeverityCritical,
+		applies: leavesKubeProxy, service: hasHealthCheckNodePort,
+		message: "Services with externalTrafficPolicy Local rely on spec.healthCheckNodePort, which kube-proxy serves and %[1]s does not yet: " +
+			"their load balancers' health checks fail on the moved nodes, which then get none of their traffic",
+		action: "Set externalTrafficPolicy: Cluster on these Services, or keep the nodes that serve them on kube-proxy (spec.nodeSelector); " +
+			"to move anyway, list the code in spec.rollout.acknowledgedFindings",
+	},
+	{
+		code: CodeKubeProxyHealthzNotServed, severity: v1alpha1.SeverityWarning,
+		applies: leavesKubeProxy, service: clusterPolicyLoadBalancer,
+		message: "LoadBalancer Services with externalTrafficPolicy Cluster may be health-checked by their cloud load balancer on kube-proxy's " +
+			"port 10256 (/healthz), which nothing answers under %[1]s",
+		action: "Check the load balancers' health checks; if they probe port 10256, point them at the traffic port or keep these nodes on kube-proxy",
+	},
+	{
+		code: CodeLocalhostNodePortsNotServed, severity: v1alpha1.SeverityWarning,
+		applies: func(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
+			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeIPTables} && !to.KubeProxy
+		},
+		service: hasIPv4NodePort,
+		message: "Services use NodePorts, which clients on the node may reach on 127.0.0.1: kube-proxy's iptables mode serves that (localhostNodePorts, IPv4), " +
+			"%[1]s does not",
+		action: "Make clients on the nodes reach NodePorts on the node's own address, not on 127.0.0.1",
+	},
+	{
+		code: CodeTopologyRoutingIgnored, severity: v1alpha1.SeverityWarning,
+		applies: leavesKubeProxy, service: wantsTopologyRouting,
+		message: "Services ask for topology-aware routing (spec.trafficDistribution, or the service.kubernetes.io/topology-mode annotation), " +
+			"which kube-proxy honours and %[1]s ignores: their traffic spreads over all endpoints, across zones",
+		action: "Expect cross-zone traffic for these Services, or keep the nodes on kube-proxy",
+	},
+	{
+		code: CodeStrictARPDisabled, severity: v1alpha1.SeverityWarning,
+		applies: func(from, to Proxy, s *v1alpha1.ProxySettings) bool {
+			return intoIPVS(from, to, s) && (s.IPVS == nil || !s.IPVS.StrictARP)
+		},
+		service: hasExternalAddress,
+		message: "Services have load-balancer or external IPs, which %[1]s binds to a local interface; without spec.ipvs.strictARP the node " +
+			"answers ARP for them, which breaks L2 load balancers (MetalLB, kube-vip) announcing them from one node",
+		action: "Set spec.ipvs.strictARP: true if an L2 load balancer announces these IPs",
+	},
+	{
+		code: CodeLeavingKubeProxy, severity: v1alpha1.SeverityInfo,
+		applies: leavesKubeProxy,
+		message: "The nodes leave kube-proxy for %[1]s: kube-proxy's metrics (kubeproxy_*) vanish from dashboards and alerts, " +
+			"and its health endpoint on port 10256 stops answering",
+		action: "Move dashboards, alerts and node health checks to the proxyshift agent's metrics and /healthz",
+	},
+	{
+		code: CodeServiceIPsBecomeLocal, severity: v1alpha1.SeverityInfo,
+		applies: intoIPVS, service: hasClusterIP,
+		message: "%[1]s binds every Service IP to a local dummy interface: the node answers Service IPs on every port, so host-network programs " +
+			"listening on all addresses are reachable through Service IPs on ports no Service declares, and Service IPs answer ping",
+		action: "Bind host-network listeners to specific addresses, or filter traffic to Service IPs on undeclared ports",
+	},
+	{
+		code: CodeServiceIPsNoLongerLocal, severity: v1alpha1.SeverityInfo,
+		applies: func(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
+			return from.Mode == v1alpha1.ModeIPVS && !to.KubeProxy && to.Mode != v1alpha1.ModeIPVS
+		},
+		service: hasClusterIP,
+		message: "Service IPs stop being local addresses under %[1]s: host-network programs reached through a Service IP on a port " +
+			"the Service does not declare stop answering there, and Service IPs stop answering ping",
+		action: "Reach host-network programs on the node's own addresses",
+	},
+	{
+		code: CodeSessionAffinityPerAddress, severity: v1alpha1.SeverityInfo,
+		applies: intoIPVS, service: clientIPAffinity,
+		message: "Services use ClientIP session affinity, which %[1]s keeps per Service address (IPVS persistence), not per Service port: " +
+			"a client reaching a Service by its cluster IP and by a node port or load-balancer IP may land on two endpoints",
+		action: "Make clients that need affinity reach each Service by one address",
+	},
+	{
+		code: CodeSessionAffinityReset, severity: v1alpha1.SeverityInfo,
+		applies: func(Proxy, Proxy, *v1alpha1.ProxySettings) bool { return true },
+		service: clientIPAffinity,
+		message: "Services use ClientIP session affinity, whose memory of which client went where stays with the old proxy: " +
+			"after the switch to %[1]s each client's next new connection may go to another endpoint",
+		action: "None needed unless the Services' clients cannot move once; then switch these nodes in a quiet period",
+	},
+	{
+		code: CodeExternalLocalForNodeClients, severity: v1alpha1.SeverityInfo,
+		applies: intoIPVS, service: localExternalPolicy,
+		message: "Services have externalTrafficPolicy Local: under %[1]s, pods and the node that reach their node ports or load-balancer IPs " +
+			"get only the node's local endpoints when it has some (IPVS chooses by destination), where other modes use any endpoint",
+		action: "None needed unless pods reach these Services by their external addresses; have them use the cluster IP",
+	},
+	{
+		code: CodeSourceRangesDropSilently, severity: v1alpha1.SeverityInfo,
+		applies: leavesKubeProxy, service: hasSourceRanges,
+		message: "Services restrict their load-balancer IPs with loadBalancerSourceRanges; %[1]s drops disallowed sources in the filter table " +
+			"even when the Service has no endpoints, where kube-proxy rejects them: those clients time out instead of being refused",
+		action: "None needed; expect timeouts, not refusals, for disallowed sources",
+	},
+	{
+		code: CodeUndeclaredPortsNotRejected, severity: v1alpha1.SeverityInfo,
+		applies: func(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
+			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeNFTables} && !to.KubeProxy && to.Mode != v1alpha1.ModeIPVS
+		},
+		service: hasClusterIP,
+		message: "kube-proxy's nftables mode rejects traffic to a cluster IP on a port the Service does not declare; %[1]s routes it like any other " +
+			"packet, so such clients time out instead of being refused",
+		action: "None needed; expect timeouts, not refusals, on undeclared ports",
+	},
+}
+
+// leavesKubeProxy: kube-proxy serves the node now and a proxyshift mode
+// will.
+func leavesKubeProxy(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
+	return from.KubeProxy && !to.KubeProxy
+}
+
+// intoIPVS: the node moves into proxyshift's ipvs mode from a proxy that
+// is not IPVS.
+func intoIPVS(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
+	return to == Proxy{Mode: v1alpha1.ModeIPVS} && from.Mode != v1alpha1.ModeIPVS
+}

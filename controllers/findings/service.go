@@ -1,0 +1,131 @@
+package findings
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// LabelServiceProxyName on a Service, with any value, hands it to another
+// proxy: neither kube-proxy nor proxyshift serves it, so no finding names
+// it. (The agent's model package reads the same label; the operator does
+// not import the agent's packages.)
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// topologyAnnotations ask for topology-aware routing: the current one
+// and the one it replaced.
+var topologyAnnotations = []string{corev1.AnnotationTopologyMode, corev1.DeprecatedAnnotationTopologyAwareHints}
+
+// Trim returns the part of a Service the rules read: its identity and
+// resourceVersion, the service-proxy-name label, the topology annotations, and the spec fields below.
+// It is the operator's cache transform for Services, so that a cluster's
+// Services cost the operator little memory.
+func Trim(svc *corev1.Service) *corev1.Service {
+	var ann map[string]string
+	for _, k := range topologyAnnotations {
+		if v, ok := svc.Annotations[k]; ok {
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann[k] = v
+		}
+	}
+	s := &svc.Spec
+	ports := make([]corev1.ServicePort, len(s.Ports))
+	for i, p := range s.Ports {
+		ports[i] = corev1.ServicePort{NodePort: p.NodePort}
+	}
+	var lbl map[string]string
+	if v, ok := svc.Labels[LabelServiceProxyName]; ok {
+		lbl = map[string]string{LabelServiceProxyName: v}
+	}
+	return &corev1.Service{
+		TypeMeta: svc.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
+			Labels: lbl, Annotations: ann, DeletionTimestamp: svc.DeletionTimestamp},
+		Spec: corev1.ServiceSpec{
+			Type: s.Type, ClusterIP: s.ClusterIP, IPFamilies: s.IPFamilies, Ports: ports, ExternalIPs: s.ExternalIPs,
+			ExternalTrafficPolicy: s.ExternalTrafficPolicy, HealthCheckNodePort: s.HealthCheckNodePort,
+			SessionAffinity: s.SessionAffinity, LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
+			TrafficDistribution: s.TrafficDistribution,
+		},
+	}
+}
+
+// served: kube-proxy and proxyshift serve the Service.
+func served(svc *corev1.Service) bool {
+	_, other := svc.Labels[LabelServiceProxyName]
+	return !other
+}
+
+// hasClusterIP: the Service has a cluster IP (it is not headless and not
+// an ExternalName).
+func hasClusterIP(svc *corev1.Service) bool {
+	return svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone
+}
+
+// hasHealthCheckNodePort: the API server gave the Service a health-check
+// node port (type LoadBalancer with externalTrafficPolicy Local).
+func hasHealthCheckNodePort(svc *corev1.Service) bool {
+	return svc.Spec.HealthCheckNodePort != 0
+}
+
+// isLoadBalancer: the Service is of type LoadBalancer.
+func isLoadBalancer(svc *corev1.Service) bool {
+	return svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+}
+
+// clusterPolicyLoadBalancer: a LoadBalancer Service whose external
+// traffic may go to any node's endpoints.
+func clusterPolicyLoadBalancer(svc *corev1.Service) bool {
+	return isLoadBalancer(svc) && !localExternalPolicy(svc)
+}
+
+// localExternalPolicy: externalTrafficPolicy Local.
+func localExternalPolicy(svc *corev1.Service) bool {
+	return svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+}
+
+// hasIPv4NodePort: some port has a node port and the Service has IPv4
+// (an unset ipFamilies is the cluster's default family, taken as IPv4).
+func hasIPv4NodePort(svc *corev1.Service) bool {
+	v4 := len(svc.Spec.IPFamilies) == 0
+	for _, f := range svc.Spec.IPFamilies {
+		v4 = v4 || f == corev1.IPv4Protocol
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort != 0 && v4 {
+			return true
+		}
+	}
+	return false
+}
+
+// wantsTopologyRouting: spec.trafficDistribution is set, or an annotation
+// asks for topology hints.
+func wantsTopologyRouting(svc *corev1.Service) bool {
+	if svc.Spec.TrafficDistribution != nil && *svc.Spec.TrafficDistribution != "" {
+		return true
+	}
+	for _, k := range topologyAnnotations {
+		if v := svc.Annotations[k]; v != "" && v != "Disabled" && v != "disabled" {
+			return true
+		}
+	}
+	return false
+}
+
+// hasExternalAddress: the Service is of type LoadBalancer or has
+// external IPs.
+func hasExternalAddress(svc *corev1.Service) bool {
+	return isLoadBalancer(svc) || len(svc.Spec.ExternalIPs) > 0
+}
+
+// clientIPAffinity: sessionAffinity ClientIP.
+func clientIPAffinity(svc *corev1.Service) bool {
+	return svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
+}
+
+// hasSourceRanges: a LoadBalancer Service with loadBalancerSourceRanges.
+func hasSourceRanges(svc *corev1.Service) bool {
+	return isLoadBalancer(svc) && len(svc.Spec.LoadBalancerSourceRanges) > 0
+}
