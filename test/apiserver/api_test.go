@@ -332,7 +332,7 @@ func TestAPI(t *testing.T) {
 		// Ten hours ago shows as "10h" for an hour (five minutes would show
 		// as "5m1s" once a second has passed on a busy machine).
 		synced := metav1.NewTime(time.Now().Add(-10 * time.Hour))
-		pn.Status = proxyv1alpha1.ProxyNodeStatus{ActiveMode: proxyv1alpha1.ModeIPTables, Phase: proxyv1alpha1.NodeProgramming, LastSyncTime: &synced, Counts: &proxyv1alpha1.RuleCounts{Services: 10, Endpoints: 30, Rules: 1234}}
+		pn.Status = proxyv1alpha1.ProxyNodeStatus{ActiveMode: proxyv1alpha1.ModeIPTables, KubeProxyMode: proxyv1alpha1.ModeIPTables, Phase: proxyv1alpha1.NodeProgramming, LastSyncTime: &synced, Counts: &proxyv1alpha1.RuleCounts{Services: 10, Endpoints: 30, Rules: 1234}}
 		if err := env.Client.Status().Update(ctx, pn); err != nil {
 			t.Fatal(err)
 		}
@@ -340,7 +340,7 @@ func TestAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "1234", "10h"})
+		expectTable(t, out, []string{"NAME", "DESIRED", "ACTIVE", "PHASE", "KUBE-PROXY", "RULES", "LAST-SYNC", "AGE"}, []string{"node-a", "nftables", "iptables", "Programming", "iptables", "1234", "10h"})
 	})
 
 	t.Run("ShortNamesResolveToProxyshift", func(t *testing.T) {
