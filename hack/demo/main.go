@@ -4,8 +4,10 @@
 // and a NodePort Service. It installs proxyshift as a user would (`make
 // images`, import, `kubectl apply -k config/local`: nothing changes),
 // sends traffic through every way into the Services, applies a
-// ProxyConfig in nftables mode (kube-proxy's pod leaves each node as
-// proxyshift takes it over), shows each node's progress and the traffic,
+// ProxyConfig in nftables mode as a dry run and shows its plan and its
+// findings (what will behave differently) with the kubectl plugin, starts
+// it (kube-proxy's pod leaves each node as proxyshift takes it over),
+// shows each node's progress and the traffic,
 // then hands every node back to kube-proxy (unless -no-back), prints what
 // each node's kernel holds after each step, and tears everything down.
 //
@@ -18,6 +20,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -30,11 +33,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/plugin"
 	"github.com/proxyshift/proxyshift/test/e2e"
 	"github.com/proxyshift/proxyshift/test/harness"
 	"github.com/proxyshift/proxyshift/test/realcluster"
@@ -152,12 +157,22 @@ func (d *demo) run(ctx context.Context) error {
 	var results []result
 	for _, mode := range steps {
 		fmt.Println()
-		d.say("kubectl apply: ProxyConfig %s, mode %s (every node; canary 1, then 1 at a time; rollback on failure)", configName, mode)
-		sent0, failed0 := tr.Sent.Load(), tr.Failed.Load()
+		var gen int64
 		start := time.Now()
-		gen, err := realcluster.ApplyMode(ctx, d.cl, configName, mode)
-		if err != nil {
-			return err
+		sent0, failed0 := tr.Sent.Load(), tr.Failed.Load()
+		if mode == steps[0] {
+			// Know before you switch: a dry run first, its plan and
+			// what will behave differently, then start that plan.
+			if gen, err = d.planFirst(ctx, mode); err != nil {
+				return err
+			}
+			start = time.Now()
+			sent0, failed0 = tr.Sent.Load(), tr.Failed.Load()
+		} else {
+			d.say("kubectl apply: ProxyConfig %s, mode %s (every node; canary 1, then 1 at a time; rollback on failure)", configName, mode)
+			if gen, err = realcluster.ApplyMode(ctx, d.cl, configName, mode); err != nil {
+				return err
+			}
 		}
 		s, err := e2e.Follow(ctx, d.cl, configName, gen, 6*time.Minute, tr, d.say)
 		if err != nil {
@@ -214,6 +229,41 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("%d requests failed", tr.Failed.Load())
 	}
 	return nil
+}
+
+// planFirst creates the ProxyConfig in mode as a dry run, shows its plan
+// and its findings with the kubectl plugin, then starts the plan; it
+// returns the generation that started it.
+func (d *demo) planFirst(ctx context.Context, mode v1alpha1.ProxyMode) (int64, error) {
+	pc := realcluster.NewProxyConfig(configName, mode)
+	pc.Spec.Rollout.DryRun = true
+	d.say("kubectl apply: ProxyConfig %s, mode %s, as a dry run (spec.rollout.dryRun: true; every node; canary 1, then 1 at a time; rollback on failure)", configName, mode)
+	if err := d.cl.Create(ctx, pc); err != nil {
+		return 0, err
+	}
+	for _, args := range [][]string{{"plan", configName, "--request"}, {"findings", configName}, {"plan", configName, "--start"}} {
+		if err := d.plugin(ctx, args...); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.cl.Get(ctx, client.ObjectKeyFromObject(pc), pc); err != nil {
+		return 0, err
+	}
+	return pc.Generation, nil
+}
+
+// plugin runs `kubectl proxyshift ARGS` (the plugin's own code, against
+// the cluster's kubeconfig) and prints its output.
+func (d *demo) plugin(ctx context.Context, args ...string) error {
+	d.say("$ kubectl proxyshift %s", strings.Join(args, " "))
+	var out bytes.Buffer
+	cmd := plugin.NewCommand(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &out})
+	cmd.SetArgs(append([]string{"--kubeconfig", d.c.Kubeconfig}, args...))
+	err := cmd.ExecuteContext(ctx)
+	for _, l := range strings.Split(strings.TrimRight(out.String(), "\n"), "\n") {
+		fmt.Printf("           %s\n", l)
+	}
+	return err
 }
 
 // waitReported waits until every agent reports its node served by
