@@ -52,6 +52,7 @@ func main() {
 		modulesDir        = flag.String("modules-dir", "", "Kernel modules directory (modules.dep, modules.builtin and the modules); /lib/modules/$(uname -r) when empty.")
 		procModules       = flag.String("proc-modules", "", "File listing the loaded modules; /proc/modules when empty.")
 		sysModule         = flag.String("sys-module", "", "sysfs module directory; /sys/module when empty.")
+		procSys           = flag.String("proc-sys-dir", "", "Where the IPVS mode reads and writes its sysctls; /proc/sys when empty. An unprivileged container's /proc/sys is read-only: mount the host's /proc/sys/net read-write at DIR/net and pass DIR.")
 		kubeProxyMetrics  = flag.String("kube-proxy-metrics-url", kubeproxy.DefaultMetricsURL, "kube-proxy's metrics endpoint on this node (its metricsBindAddress): handing the node back, proxyshift keeps serving until it says kube-proxy has synced. Empty trusts kube-proxy's rules being in the kernel alone.")
 		doCleanup         = flag.Bool("cleanup", false, "Remove everything proxyshift owns from this node (both iptables backends, nftables, ipsets, dummy interface, IPVS services on it), print what was removed, and exit.")
 		netnsName         = flag.String("netns", "", "Testing only: program the network namespace /run/netns/NAME instead of the agent's own.")
@@ -92,7 +93,7 @@ func main() {
 		}
 		opts.NetNS = nsexec.NS(h)
 	}
-	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, Kernel: &opts.Kernel})
+	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, Kernel: &opts.Kernel, ProcSys: *procSys})
 	if *doCleanup {
 		os.Exit(runCleanup(opts))
 	}

@@ -30,6 +30,9 @@ type Env struct {
 	// Kernel loads the kernel modules the ipvs mode needs; nil loads none
 	// (they must be loaded already).
 	Kernel *kmod.Kernel
+	// ProcSys is where the ipvs mode reads and writes its sysctls
+	// ("" is /proc/sys; see ipvs.WithProcSys).
+	ProcSys string
 }
 
 // Factories returns a factory for every mode of contract.Modes.
@@ -46,7 +49,7 @@ func Factories(env Env) map[v1alpha1.ProxyMode]Factory {
 			if err != nil {
 				return nil, err
 			}
-			return ipvs.New(cfg, append(opts, ipvs.WithNetNS(env.NS))...)
+			return ipvs.New(cfg, append(opts, ipvs.WithNetNS(env.NS), ipvs.WithProcSys(env.ProcSys))...)
 		},
 	}
 }

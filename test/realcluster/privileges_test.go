@@ -78,7 +78,8 @@ func findProcesses(words ...string) ([]procStatus, error) {
 // container runtime actually gave the agents and the operator under the
 // shipped manifests: each agent is root with exactly NET_ADMIN, NET_RAW
 // and SYS_MODULE (effective and bounding), no new privileges, seccomp
-// filtering; the operator runs as uid 65532 with no capability at all.
+// filtering, /proc/sys read-only but the host's /proc/sys/net mounted
+// read-write for the IPVS mode's sysctls; the operator runs as uid 65532 with no capability at all.
 func checkPrivileges(t *testing.T, c *Cluster) {
 	want := uint64(1<<capNetAdmin | 1<<capNetRaw | 1<<capSysModule)
 	for _, n := range c.Nodes {
@@ -95,6 +96,13 @@ func checkPrivileges(t *testing.T, c *Cluster) {
 				n.Name, p.pid, p.uid, p.capEff, p.capBnd, p.noNewPrivs, p.seccomp, want)
 		}
 		t.Logf("%s: agent pid %d: uid %s, CapEff %#x, NoNewPrivs %s, Seccomp %s", n.Name, p.pid, p.uid, p.capEff, p.noNewPrivs, p.seccomp)
+		// Its own /proc/sys is read-only; the host's /proc/sys/net is
+		// mounted read-write for the IPVS mode's sysctls.
+		for _, m := range []struct{ point, fstype, mode string }{{"/proc/sys", "proc", "ro"}, {"/host/proc/sys/net", "proc", "rw"}} {
+			if got, err := mountOf(p.pid, m.point); err != nil || got.fstype != m.fstype || got.mode != m.mode {
+				t.Errorf("%s: agent's %s: %+v %v; want a %s mount, %s", n.Name, m.point, got, err, m.fstype, m.mode)
+			}
+		}
 	}
 	ps, err := findProcesses("proxyshift-operator", "--leader-elect")
 	if err != nil {
@@ -108,4 +116,31 @@ func checkPrivileges(t *testing.T, c *Cluster) {
 	} else {
 		t.Logf("operator pid %d: uid %s, CapEff %#x, NoNewPrivs %s, Seccomp %s", p.pid, p.uid, p.capEff, p.noNewPrivs, p.seccomp)
 	}
+}
+
+// mount is one line of /proc/PID/mountinfo, as much as the checks read.
+type mount struct{ fstype, mode string }
+
+// mountOf finds the mount at point in process pid's mount namespace.
+func mountOf(pid int, point string) (mount, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if err != nil {
+		return mount{}, err
+	}
+	var found mount
+	ok := false
+	for _, l := range strings.Split(string(b), "\n") {
+		// id parent major:minor root point options [optional...] - fstype source super-options
+		pre, post, cut := strings.Cut(l, " - ")
+		f := strings.Fields(pre)
+		if !cut || len(f) < 6 || f[4] != point {
+			continue
+		}
+		mode, _, _ := strings.Cut(f[5], ",")
+		found, ok = mount{fstype: strings.Fields(post)[0], mode: mode}, true // the last one mounted there wins
+	}
+	if !ok {
+		return mount{}, os.ErrNotExist
+	}
+	return found, nil
 }

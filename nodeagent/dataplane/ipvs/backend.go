@@ -26,6 +26,8 @@ type Backend struct {
 	timeouts  Timeouts
 	exclude   []netip.Prefix
 	netns     nsexec.NS
+	// procSys is where the sysctls are read and written (/proc/sys).
+	procSys string
 	loader    ModuleLoader
 	modules   []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
@@ -48,6 +50,20 @@ type Option func(*Backend)
 // keeps ns open while the backend is used.
 func WithNetNS(ns nsexec.NS) Option {
 	return func(b *Backend) { b.netns = ns }
+}
+
+// WithProcSys makes the backend read and write its sysctls under dir
+// instead of /proc/sys: a container whose /proc/sys is read-only (any
+// unprivileged one) reaches the node's network sysctls through the host's
+// /proc/sys/net mounted read-write at dir/net. The sysctls under net/ are
+// those of the network namespace of the thread that opens them, whichever
+// mount they are opened through.
+func WithProcSys(dir string) Option {
+	return func(b *Backend) {
+		if dir != "" {
+			b.procSys = dir
+		}
+	}
 }
 
 // WithScheduler sets the IPVS scheduler of every virtual service, by its

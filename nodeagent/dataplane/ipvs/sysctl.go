@@ -75,8 +75,12 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-func sysctlPath(name string) string {
-	return "/proc/sys/" + strings.ReplaceAll(name, ".", "/")
+// sysctlPath is where sysctl name is, under procSys (/proc/sys).
+func sysctlPath(procSys, name string) string {
+	if procSys == "" {
+		procSys = "/proc/sys"
+	}
+	return strings.TrimSuffix(procSys, "/") + "/" + strings.ReplaceAll(name, ".", "/")
 }
 
 // setSysctls writes every setting that differs from what it wants, in the
@@ -84,11 +88,11 @@ func sysctlPath(name string) string {
 func (b *Backend) setSysctls() error {
 	return b.inNetNS(func() error {
 		for _, s := range b.settings(kernelRelease()) {
-			got, err := os.ReadFile(sysctlPath(s.Name))
+			got, err := os.ReadFile(sysctlPath(b.procSys, s.Name))
 			if err == nil && strings.TrimSpace(string(got)) == s.Want {
 				continue
 			}
-			if err := os.WriteFile(sysctlPath(s.Name), []byte(s.Want), 0o644); err != nil {
+			if err := os.WriteFile(sysctlPath(b.procSys, s.Name), []byte(s.Want), 0o644); err != nil {
 				return fmt.Errorf("ipvs: set %s=%s: %w", s.Name, s.Want, err)
 			}
 		}
@@ -105,7 +109,7 @@ func (b *Backend) KernelSettings() ([]dataplane.KernelSetting, error) {
 	settings := b.settings(kernelRelease())
 	err := b.inNetNS(func() error {
 		for i, s := range settings {
-			if got, err := os.ReadFile(sysctlPath(s.Name)); err == nil {
+			if got, err := os.ReadFile(sysctlPath(b.procSys, s.Name)); err == nil {
 				settings[i].Value = strings.TrimSpace(string(got))
 			}
 		}

@@ -1,54 +1,46 @@
 package ipvs
 
 import (
-	"reflect"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
-
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
-func TestKernelSettingsKeepNameWantAndValueInOrder(t *testing.T) {
-	if got := kernelSettings(nil); got != nil {
-		t.Errorf("kernelSettings(nil) = %v; want nil", got)
+// TestProcSysDirectory sets and reads the sysctls under the directory
+// WithProcSys names, as an unprivileged agent does through the host's
+// /proc/sys/net mounted read-write (a plain directory here), and not
+// under /proc/sys.
+func TestProcSysDirectory(t *testing.T) {
+	dir := t.TempDir()
+	b := &Backend{strictARP: true}
+	WithProcSys(dir)(b)
+	want := b.settings(kernelRelease())
+	if len(want) == 0 {
+		t.Fatal("no settings")
 	}
-	got := kernelSettings([]Setting{
-		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1", Why: "masquerading"},
-		{Name: "net.ipv4.vs.conn_reuse_mode", Want: "0", Why: "old kernel"},
-	})
-	want := []dataplane.KernelSetting{
-		{Name: "net.ipv4.vs.conntrack", Want: "1", Value: "1"},
-		{Name: "net.ipv4.vs.conn_reuse_mode", Want: "0"},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("kernelSettings = %+v; want %+v", got, want)
-	}
-}
-
-// TestKernelSettingsListsWhatTheBackendSets reads back the sysctls of the
-// test's own namespace (their values depend on the host, and are empty
-// without ip_vs), so it checks the names and wanted values only.
-func TestKernelSettingsListsWhatTheBackendSets(t *testing.T) {
-	for _, strictARP := range []bool{false, true} {
-		b := &Backend{strictARP: strictARP}
-		got, err := b.KernelSettings()
-		if err != nil {
+	for _, s := range want {
+		p := filepath.Join(dir, strings.ReplaceAll(s.Name, ".", "/"))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		wanted := b.settings(kernelRelease())
-		if len(got) != len(wanted) {
-			t.Fatalf("strictARP=%v: KernelSettings = %+v; want one per setting of %+v", strictARP, got, wanted)
+		if err := os.WriteFile(p, []byte("7\n"), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		for i, s := range got {
-			if s.Name != wanted[i].Name || s.Want != wanted[i].Want {
-				t.Errorf("strictARP=%v: setting %d = %+v; want %s=%s", strictARP, i, s, wanted[i].Name, wanted[i].Want)
-			}
+	}
+	if err := b.setSysctls(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.KernelSettings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range want {
+		if got[i].Name != s.Name || got[i].Value != s.Want {
+			t.Errorf("%s: read %q back from %s, want %q", s.Name, got[i].Value, dir, s.Want)
 		}
-		names := map[string]bool{}
-		for _, s := range got {
-			names[s.Name] = true
-		}
-		if names["net.ipv4.conf.all.arp_ignore"] != strictARP || !names["net.ipv4.vs.conntrack"] {
-			t.Errorf("strictARP=%v: settings %+v", strictARP, got)
-		}
+	}
+	if p := sysctlPath("", "net.ipv4.vs.conntrack"); p != "/proc/sys/net/ipv4/vs/conntrack" {
+		t.Errorf("default path %s", p)
 	}
 }
