@@ -28,8 +28,8 @@ type Backend struct {
 	netns     nsexec.NS
 	// procSys is where the sysctls are read and written (/proc/sys).
 	procSys string
-	loader    ModuleLoader
-	modules   []string
+	loader  ModuleLoader
+	modules []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
 	openIPVS func() (ipvsHandle, error)
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -476,5 +477,35 @@ func TestVMTerminatingEndpointDrains(t *testing.T) {
 	tally := lab.Client.NS.Spread(netlab.TCP, vip("198.19.0.50"), 10, okTimeout)
 	if other := pods[1-draining].Name; tally.Answered() != 10 || !slices.Equal(tally.Names(), []string{other}) {
 		t.Errorf("new connections: %v; want all answered by %s", tally, other)
+	}
+}
+
+// TestKernelRandomModels programs random models (dataplanetest.RandomModel,
+// fixed seeds) into fresh namespaces, in the VM: the kernel must take every
+// virtual service, real server, address and helper-table rule, Programmed
+// must read back what the sync counted, and a second full sync must leave
+// the same counts.
+func TestKernelRandomModels(t *testing.T) {
+	loadVMModules(t) // one skip outside the VM, not one per seed
+	for seed := range uint64(10) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			// A plain namespace: the lab's disable IPv6, and the models
+			// hold IPv6 services.
+			ns := netlab.NewNetNS(t, "ipvs")
+			b, err := New(labConfig, WithNetNS(ns.NS()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			m := dt.RandomModel(rand.New(rand.NewPCG(seed, 1)), 8)
+			synced := mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+			if got, err := b.Programmed(ctx); err != nil || got != synced {
+				t.Errorf("programmed %+v, %v; the sync said %+v", got, err, synced)
+			}
+			again := mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+			if got, err := b.Programmed(ctx); err != nil || got != again || again != synced {
+				t.Errorf("after a second full sync: programmed %+v, %v; the syncs said %+v then %+v", got, err, synced, again)
+			}
+		})
 	}
 }
