@@ -24,9 +24,11 @@ type procStatus struct {
 	noNewPrivs, seccomp string
 }
 
-// findProcesses lists the host's processes whose command line contains
+// findProcesses lists the host's processes in one of the cgroups below
+// roots (the nodes' kubelet cgroup roots: other tests may run agents and
+// operators on the machine at the same time) whose command line contains
 // every one of words, with their privileges as the kernel sees them.
-func findProcesses(words ...string) ([]procStatus, error) {
+func findProcesses(roots []string, words ...string) ([]procStatus, error) {
 	dirs, err := filepath.Glob("/proc/[0-9]*")
 	if err != nil {
 		return nil, err
@@ -42,7 +44,7 @@ func findProcesses(words ...string) ([]procStatus, error) {
 		for _, w := range words {
 			match = match && strings.Contains(line, w)
 		}
-		if !match {
+		if !match || !inCgroups(d, roots) {
 			continue
 		}
 		st, err := os.ReadFile(d + "/status")
@@ -82,8 +84,12 @@ func findProcesses(words ...string) ([]procStatus, error) {
 // read-write for the IPVS mode's sysctls; the operator runs as uid 65532 with no capability at all.
 func checkPrivileges(t *testing.T, c *Cluster) {
 	want := uint64(1<<capNetAdmin | 1<<capNetRaw | 1<<capSysModule)
+	var roots []string
 	for _, n := range c.Nodes {
-		ps, err := findProcesses("proxyshift-agent", "--node-name="+n.Name)
+		roots = append(roots, n.cfg.CgroupRoot)
+	}
+	for _, n := range c.Nodes {
+		ps, err := findProcesses([]string{n.cfg.CgroupRoot}, "proxyshift-agent", "--node-name="+n.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +110,7 @@ func checkPrivileges(t *testing.T, c *Cluster) {
 			}
 		}
 	}
-	ps, err := findProcesses("proxyshift-operator", "--leader-elect")
+	ps, err := findProcesses(roots, "proxyshift-operator", "--leader-elect")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,4 +149,25 @@ func mountOf(pid int, point string) (mount, error) {
 		return mount{}, os.ErrNotExist
 	}
 	return found, nil
+}
+
+// inCgroups says whether the process whose /proc directory is dir is in a
+// cgroup at or below one of roots, in any hierarchy.
+func inCgroups(dir string, roots []string) bool {
+	b, err := os.ReadFile(dir + "/cgroup")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, r := range roots {
+			if parts[2] == r || strings.HasPrefix(parts[2], r+"/") {
+				return true
+			}
+		}
+	}
+	return false
 }
