@@ -144,6 +144,8 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	}))
 	refusals := newRefusalReporter(ctx, client, factory.Core().V1().Services().Lister(), opts.NodeName)
 	tracker := model.NewTracker(opts.NodeName, refusals.report)
+	metrics := syncloop.NewMetrics(reg)
+	tracker.Observe(metrics)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "proxyshift_refused_external_addresses",
 		Help: "External addresses (externalIPs, load-balancer IPs) of Services not routed because another Service's cluster IP, the node, or an earlier Service owns them.",
@@ -257,7 +259,6 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		return fmt.Errorf("read what the kernel holds: %w", err)
 	}
 
-	metrics := syncloop.NewMetrics(reg)
 	reg.MustRegister(phases.phase)
 	regather := newServingWatch()
 	fanout.SetOnPrimary(func(p switcher.PrimarySync) {

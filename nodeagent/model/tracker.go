@@ -26,6 +26,10 @@ type Tracker struct {
 	nodeName string
 	onError  func(error)
 	changed  chan struct{}
+	// start is when the Tracker was made: changes triggered before it
+	// (the slices of the initial list) are not measured.
+	start    time.Time
+	observer Observer
 
 	mu       sync.Mutex
 	services map[ServiceName]*corev1.Service
@@ -48,6 +52,21 @@ type Tracker struct {
 	ports   map[corev1.IPFamily]map[ServicePortName]*ServicePort
 	shared  bool
 	changes ChangeSet
+	// triggers are the trigger times of the slice changes not yet taken
+	// by Snapshot, by slice.
+	triggers map[types.NamespacedName][]Trigger
+}
+
+// Observer hears of the events a Tracker receives, for metrics. Its
+// methods are called without the Tracker's lock held and must not block.
+type Observer interface {
+	// ServiceChange is called for every Service event.
+	ServiceChange()
+	// EndpointSliceChange is called for every event of an EndpointSlice
+	// of IPv4 or IPv6 addresses that belongs to a service.
+	EndpointSliceChange()
+	// Queued is called for every event that leaves changes to sync.
+	Queued()
 }
 
 // NewTracker returns an empty Tracker for the node nodeName. onError, if
@@ -60,6 +79,7 @@ func NewTracker(nodeName string, onError func(error)) *Tracker {
 		nodeName:  nodeName,
 		onError:   onError,
 		changed:   make(chan struct{}, 1),
+		start:     time.Now(),
 		services:  map[ServiceName]*corev1.Service{},
 		slices:    map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
 		owner:     map[types.NamespacedName]ServiceName{},
@@ -73,9 +93,14 @@ func NewTracker(nodeName string, onError func(error)) *Tracker {
 			corev1.IPv4Protocol: {},
 			corev1.IPv6Protocol: {},
 		},
-		changes: ChangeSet{},
+		changes:  ChangeSet{},
+		triggers: map[types.NamespacedName][]Trigger{},
 	}
 }
+
+// Observe makes o hear of the events the Tracker receives from now on; call
+// it before the first event.
+func (t *Tracker) Observe(o Observer) { t.observer = o }
 
 // Changed receives a value when the model has changes not yet taken by
 // Snapshot. Signals coalesce: one receive may stand for many events.
@@ -91,11 +116,16 @@ func (t *Tracker) Snapshot() (*Snapshot, ChangeSet) {
 	t.shared = true
 	changes := t.changes
 	t.changes = ChangeSet{}
+	var triggers []Trigger
+	for _, ts := range t.triggers {
+		triggers = append(triggers, ts...)
+	}
+	clear(t.triggers)
 	select { // the changes the pending signal stood for are taken now
 	case <-t.changed:
 	default:
 	}
-	return &Snapshot{Ports: t.ports}, changes
+	return &Snapshot{Ports: t.ports, Triggers: triggers}, changes
 }
 
 // OnServiceAdd records a new Service.
@@ -106,6 +136,7 @@ func (t *Tracker) OnServiceUpdate(svc *corev1.Service) {
 	if svc == nil {
 		return
 	}
+	t.observe(Observer.ServiceChange)
 	t.update(func() []ServiceName {
 		key := ServiceName{Namespace: svc.Namespace, Name: svc.Name}
 		t.services[key] = svc
@@ -118,6 +149,7 @@ func (t *Tracker) OnServiceDelete(svc *corev1.Service) {
 	if svc == nil {
 		return
 	}
+	t.observe(Observer.ServiceChange)
 	t.update(func() []ServiceName {
 		key := ServiceName{Namespace: svc.Namespace, Name: svc.Name}
 		delete(t.services, key)
@@ -130,16 +162,22 @@ func (t *Tracker) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) { t.OnEndpoin
 
 // OnEndpointSliceUpdate records the new state of an EndpointSlice. A slice
 // without the kubernetes.io/service-name label belongs to no service and
-// is ignored.
+// is ignored. The slice's last-change-trigger-time, if it has one and it
+// is later than the Tracker's start, goes to the next Snapshot.
 func (t *Tracker) OnEndpointSliceUpdate(s *discoveryv1.EndpointSlice) {
 	if s == nil {
 		return
 	}
+	t.observeSlice(s)
 	t.update(func() []ServiceName {
 		affected := t.removeSlice(s)
 		name := s.Labels[discoveryv1.LabelServiceName]
 		if name == "" {
 			return affected
+		}
+		if tr, ok := t.trigger(s); ok {
+			id := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
+			t.triggers[id] = append(t.triggers[id], tr)
 		}
 		key := ServiceName{Namespace: s.Namespace, Name: name}
 		if t.slices[key] == nil {
@@ -156,7 +194,55 @@ func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) {
 	if s == nil {
 		return
 	}
-	t.update(func() []ServiceName { return t.removeSlice(s) })
+	t.observeSlice(s)
+	t.update(func() []ServiceName {
+		// Like kube-proxy, a deletion is not measured: the slice's trigger
+		// time is that of its last update, not of its deletion.
+		delete(t.triggers, types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
+		return t.removeSlice(s)
+	})
+}
+
+// trigger returns the trigger time of slice s, if it has one to measure.
+// Like kube-proxy, it takes slices of IPv4 and IPv6 addresses only, and
+// only changes triggered after the Tracker started.
+func (t *Tracker) trigger(s *discoveryv1.EndpointSlice) (Trigger, bool) {
+	fam, ok := sliceFamily(s)
+	v, has := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok || !has {
+		return Trigger{}, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || !at.After(t.start) {
+		return Trigger{}, false
+	}
+	return Trigger{Family: fam, Time: at}, true
+}
+
+// sliceFamily is the IP family of slice s's addresses.
+func sliceFamily(s *discoveryv1.EndpointSlice) (corev1.IPFamily, bool) {
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		return corev1.IPv4Protocol, true
+	case discoveryv1.AddressTypeIPv6:
+		return corev1.IPv6Protocol, true
+	}
+	return "", false
+}
+
+// observeSlice tells the observer of an event of slice s, if it is one
+// that kube-proxy counts: a slice of IP addresses of a service.
+func (t *Tracker) observeSlice(s *discoveryv1.EndpointSlice) {
+	if _, ok := sliceFamily(s); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+		t.observe(Observer.EndpointSliceChange)
+	}
+}
+
+// observe calls method f of the observer, if there is one.
+func (t *Tracker) observe(f func(Observer)) {
+	if t.observer != nil {
+		f(t.observer)
+	}
 }
 
 // removeSlice forgets slice s and returns the service it belonged to.
@@ -186,6 +272,7 @@ func (t *Tracker) update(apply func() []ServiceName) {
 	t.mu.Unlock()
 
 	if pending {
+		t.observe(Observer.Queued)
 		select {
 		case t.changed <- struct{}{}:
 		default:

@@ -53,13 +53,18 @@ type Loop struct {
 	// OnSync, if set, is called after every sync attempt.
 	OnSync func(Result)
 
+	// triggers are the trigger times of the changes taken from the source
+	// and not yet synced (only touched by Run).
+	triggers []model.Trigger
+
 	mu          sync.Mutex
 	pendingFrom time.Time // when the oldest change not yet synced arrived
 	lastSuccess time.Time
 }
 
 // New returns a loop; metrics may be nil. The loop records the network
-// programming latency; sync durations are recorded with
+// programming latency (and, like kube-proxy, that a sync is queued when it
+// starts); sync durations are recorded with
 // Metrics.RecordSync by whoever knows which backend serves traffic (the
 // agent, from the Fanout's primary syncs).
 func New(cfg Config, source Source, backend dataplane.Backend, metrics *Metrics) *Loop {
@@ -76,6 +81,9 @@ func (l *Loop) Run(ctx context.Context) {
 	lastStart := time.Time{}
 	backoff := time.Duration(0)
 	l.markPending(time.Now())
+	if l.metrics != nil {
+		l.metrics.Queued()
+	}
 
 	for {
 		// Wait for a reason to sync: a change, the resync timer, or a retry.
@@ -109,6 +117,7 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 
 		snap, changes := l.source.Snapshot()
+		l.triggers = append(l.triggers, snap.Triggers...)
 		if time.Since(lastFull) >= l.cfg.SyncPeriod {
 			needFull = true
 		}
@@ -152,9 +161,14 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model
 	}
 	if res.Err == nil {
 		l.mu.Lock()
-		if l.metrics != nil && !l.pendingFrom.IsZero() && len(changes) > 0 {
-			l.metrics.NetworkProgramming.Observe(time.Since(l.pendingFrom).Seconds())
+		if l.metrics != nil {
+			from := l.pendingFrom
+			if len(changes) == 0 {
+				from = time.Time{}
+			}
+			l.metrics.RecordProgrammed(from, l.triggers)
 		}
+		l.triggers = nil
 		l.pendingFrom = time.Time{}
 		l.lastSuccess = time.Now()
 		l.mu.Unlock()
