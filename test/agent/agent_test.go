@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -108,25 +109,42 @@ func TestServiceThroughAPIServerReachesKernelAndCarriesTraffic(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// A slice that the endpoint controller would have stamped with its
+	// trigger time is measured from it, as kube-proxy measures it.
+	again := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-2", Labels: map[string]string{discoveryv1.LabelServiceName: "web"},
+			Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{pods[0].IP.String()}, Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: strPtr("http"), Protocol: protoPtr(corev1.ProtocolTCP), Port: int32Ptr(netlab.ServerPort)}},
+	}
+	if _, err := kube.DiscoveryV1().EndpointSlices("default").Create(ctx, again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	if code, body := get("http://" + healthz + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	// The switch to nftables ends Active, which the metrics show.
+	// The switch to nftables ends Active, and web-2 is programmed, which
+	// the metrics show.
 	const active = `proxyshift_node_phase{mode="nftables",phase="Active"} 1`
+	programmed := regexp.MustCompile(`kubeproxy_network_programming_duration_seconds_count\{ip_family="IPv4"\} [1-9]`)
 	var code int
 	var body string
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if code, body = get("http://" + metrics + "/metrics"); code == http.StatusOK && strings.Contains(body, active) {
+		if code, body = get("http://" + metrics + "/metrics"); code == http.StatusOK && strings.Contains(body, active) && programmed.MatchString(body) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/metrics: %d, without %s", code, active)
+			t.Fatalf("/metrics: %d, without %s or %s:\n%s", code, active, programmed, body)
 		}
 	}
 	if strings.Count(body, "proxyshift_node_phase{") != 1 {
 		t.Errorf("/metrics shows more than one phase:\n%s", body)
 	}
-	for _, m := range []string{"proxyshift_sync_proxy_rules_duration_seconds_bucket", "proxyshift_network_programming_duration_seconds_count", "proxyshift_sync_proxy_rules_last_timestamp_seconds", "proxyshift_programmed_services"} {
+	for _, m := range []string{"proxyshift_sync_proxy_rules_duration_seconds_bucket", "proxyshift_network_programming_duration_seconds_count", "proxyshift_sync_proxy_rules_last_timestamp_seconds", "proxyshift_programmed_services",
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"}`, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"}`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`, "kubeproxy_sync_proxy_rules_endpoint_changes_total ", "kubeproxy_sync_proxy_rules_service_changes_total "} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
