@@ -90,9 +90,9 @@ var rules = []rule{
 	{
 		code: CodeLeavingKubeProxy, severity: v1alpha1.SeverityInfo,
 		applies: leavesKubeProxy,
-		message: "The nodes leave kube-proxy for %[1]s: kube-proxy's metrics (kubeproxy_*) vanish from dashboards and alerts, " +
-			"and its health endpoint on port 10256 stops answering",
-		action: "Move dashboards, alerts and node health checks to the proxyshift agent's metrics and /healthz",
+		message: "The nodes leave kube-proxy for %[1]s: kube-proxy's metrics endpoint (port 10249) and its health endpoint " +
+			"(port 10256) stop answering; the agent serves kube-proxy's sync metrics (kubeproxy_*) under the same names on 127.0.0.1:10265",
+		action: "Point metrics scrapes at the proxyshift agent (127.0.0.1:10265) and node health checks at its /healthz",
 	},
 	{
 		code: CodeServiceIPsBecomeLocal, severity: v1alpha1.SeverityInfo,

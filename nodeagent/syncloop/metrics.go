@@ -35,12 +35,18 @@ type Metrics struct {
 // k8s.io/kubernetes/pkg/proxy/metrics), labelled by ip_family where
 // kube-proxy labels them.
 type KubeProxyMetrics struct {
-	SyncDuration       *prometheus.HistogramVec
-	LastSyncTimestamp  *prometheus.GaugeVec
-	LastQueued         *prometheus.GaugeVec
+	// SyncDuration is kubeproxy_sync_proxy_rules_duration_seconds.
+	SyncDuration *prometheus.HistogramVec
+	// LastSyncTimestamp is kubeproxy_sync_proxy_rules_last_timestamp_seconds.
+	LastSyncTimestamp *prometheus.GaugeVec
+	// LastQueued is kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds.
+	LastQueued *prometheus.GaugeVec
+	// NetworkProgramming is kubeproxy_network_programming_duration_seconds.
 	NetworkProgramming *prometheus.HistogramVec
-	EndpointChanges    prometheus.Counter
-	ServiceChanges     prometheus.Counter
+	// EndpointChanges is kubeproxy_sync_proxy_rules_endpoint_changes_total.
+	EndpointChanges prometheus.Counter
+	// ServiceChanges is kubeproxy_sync_proxy_rules_service_changes_total.
+	ServiceChanges prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg.
