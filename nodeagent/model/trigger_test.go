@@ -23,9 +23,11 @@ func TestTrackerTriggers(t *testing.T) {
 		events func(*Tracker)
 		want   []Trigger
 	}{{
-		name:   "a slice's trigger time, with its family",
-		events: func(tr *Tracker) { tr.OnEndpointSliceAdd(triggered(slice("web-v6", v6, http(8080), ep("fd00::1")), at)) },
-		want:   []Trigger{{Family: corev1.IPv6Protocol, Time: at}},
+		name: "a slice's trigger time, with its family",
+		events: func(tr *Tracker) {
+			tr.OnEndpointSliceAdd(triggered(slice("web-v6", v6, http(8080), ep("fd00::1")), at))
+		},
+		want: []Trigger{{Family: corev1.IPv6Protocol, Time: at}},
 	}, {
 		name:   "no annotation: not measured",
 		events: func(tr *Tracker) { tr.OnEndpointSliceAdd(slice("web-http", v4, http(8080), ep("10.1.0.1"))) },
