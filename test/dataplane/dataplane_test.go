@@ -35,6 +35,11 @@ type backend struct {
 	// dump renders what the backend programmed in node as the kernel
 	// reports it; every failing check logs it.
 	dump func(node *netlab.NetNS) string
+	// affinityLinger is how much longer than a ClientIP affinity timeout
+	// the backend may still send a client to the endpoint it had, counted
+	// from the client's last new connection, when the client ends every
+	// connection with a reset (netlab's RequestReset).
+	affinityLinger time.Duration
 }
 
 // backends are the rows of the suite. Adding a dataplane is adding a row.
@@ -48,7 +53,7 @@ var backends = []backend{
 	},
 	iptablesRow(iptables.NFT),
 	iptablesRow(iptables.Legacy),
-	{name: "ipvs", skip: skipWithoutIPVS, new: newIPVS, drift: ipvsDrift, dump: ipvsDump},
+	{name: "ipvs", skip: skipWithoutIPVS, new: newIPVS, drift: ipvsDrift, dump: ipvsDump, affinityLinger: ipvsAffinityLinger},
 }
 
 const (
@@ -61,6 +66,13 @@ const (
 	// failTimeout bounds a request that should not be answered; a
 	// rejected one must fail well within it.
 	failTimeout = 500 * time.Millisecond
+	// briefAffinity is the ClientIP affinity timeout of service brief:
+	// timeoutSeconds 2, near the API's minimum of 1 so that the check of
+	// its expiry is quick, and long enough for a burst of requests.
+	briefAffinity = 2 * time.Second
+	// affinityRounds bounds the rounds of the session-affinity-timeout
+	// check; see there.
+	affinityRounds = 10
 )
 
 var (
@@ -82,6 +94,7 @@ var (
 	localIP     = netip.MustParseAddr("198.19.0.16")
 	noLocalIP   = netip.MustParseAddr("198.19.0.17")
 	churnIP     = netip.MustParseAddr("198.19.0.18")
+	briefIP     = netip.MustParseAddr("198.19.0.19")
 	victimIP    = netip.MustParseAddr("198.19.0.20")
 	hijackerIP  = netip.MustParseAddr("198.19.0.21")
 	hijackerExt = netip.MustParseAddr("198.19.1.21")
@@ -119,6 +132,8 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 	}
 	sticky := svc("sticky", corev1.ProtocolTCP, stickyIP, 80, p.a, p.b, p.c)
 	sticky.AffinityTimeout = 3 * time.Hour
+	brief := svc("brief", corev1.ProtocolTCP, briefIP, 80, p.a, p.b, p.c)
+	brief.AffinityTimeout = briefAffinity
 	np := svc("nodeport", corev1.ProtocolTCP, nodePortIP, 80, p.a, p.b)
 	np.NodePort = nodePort
 	lb := svc("lb", corev1.ProtocolTCP, lbClusterIP, 80, p.a, p.b)
@@ -136,6 +151,7 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 	for _, sp := range []*model.ServicePort{
 		svc("web", corev1.ProtocolTCP, webIP, 80, p.a, p.b, p.c),
 		sticky,
+		brief,
 		svc("dns", corev1.ProtocolUDP, dnsIP, 53, p.a, p.b, p.c),
 		np,
 		lb,
@@ -266,6 +282,9 @@ func runSuite(t *testing.T, row backend) {
 		if tally.Answered() != requests || len(tally.Answers) != 1 {
 			t.Errorf("%d requests with ClientIP affinity: %v; want all answered by one pod", requests, tally)
 		}
+	})
+	check("session-affinity-timeout", func(t *testing.T) {
+		expectAffinityExpires(t, client, svcAddr(briefIP, 80), briefAffinity+row.affinityLinger)
 	})
 	check("udp-cluster-ip", func(t *testing.T) {
 		expectSpread(t, client, netlab.UDP, svcAddr(dnsIP, 53), all)
@@ -428,6 +447,57 @@ func expectSpread(t *testing.T, ns *netlab.NetNS, proto netlab.Proto, addr netip
 		t.Errorf("%d %s requests from %s to %s: %v; want all answered by exactly %v",
 			requests, proto, ns.Name, addr, tally, want)
 	}
+}
+
+// expectAffinityExpires checks ClientIP affinity with a short timeout at
+// addr from ns, whose affinity is gone at the latest release after the
+// client's last new connection. Each round makes a burst of requests,
+// with a pause of half the timeout (briefAffinity) in the middle, that
+// must all be answered by one pod: stickiness within the timeout. Then
+// the client stays silent for release plus a second and the next round
+// starts: its first connection is a fresh load-balancing decision.
+//
+// Release shows as a round answered by another pod than the round before.
+// Requests after the silence cannot show it as a spread within one round:
+// the first of them makes a new affinity that holds all the others. With
+// the three endpoints of brief and a working release, a round lands on
+// the previous round's pod with probability 1/3 (random choice; IPVS's
+// round-robin moves on for sure), so affinityRounds = 10 rounds without
+// a change happen with probability (1/3)^10 < 2e-5. Without release
+// every round is answered by the same pod and the check fails.
+func expectAffinityExpires(t *testing.T, ns *netlab.NetNS, addr netip.AddrPort, release time.Duration) {
+	t.Helper()
+	const burst = 10
+	var pods []string
+	for round := range affinityRounds {
+		if round > 0 {
+			time.Sleep(release + time.Second)
+		}
+		answers := map[string]int{}
+		for i := range burst {
+			if i == burst/2 {
+				time.Sleep(briefAffinity / 2)
+			}
+			got, err := ns.RequestReset(addr, okTimeout)
+			if err != nil {
+				t.Fatalf("round %d, request %d to %s: %v", round, i, addr, err)
+			}
+			answers[got]++
+		}
+		if len(answers) != 1 {
+			t.Fatalf("round %d: %d requests to %s within its affinity timeout %v answered by %v; want one pod",
+				round, burst, addr, briefAffinity, answers)
+		}
+		for pod := range answers {
+			pods = append(pods, pod)
+		}
+		if round > 0 && pods[round] != pods[round-1] {
+			t.Logf("affinity released after %v of silence: pods by round %v", release+time.Second, pods)
+			return
+		}
+	}
+	t.Errorf("%d rounds to %s, each after %v of silence, all answered by %s; want the affinity (timeout %v) released",
+		affinityRounds, addr, release+time.Second, pods[0], briefAffinity)
 }
 
 // expectRefused checks that a request to addr is refused at once: a

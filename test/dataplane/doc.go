@@ -5,7 +5,7 @@
 // namespaces), programs a fixed set of services into the node's namespace
 // through the dataplane.Backend interface, and checks each behaviour with
 // real TCP and UDP traffic from the clients: load balancing, session
-// affinity, NodePorts, external and load-balancer IPs with source ranges,
+// affinity and its release after the affinity timeout, NodePorts, external and load-balancer IPs with source ranges,
 // Service IPs that are not a Service's own (another Service's cluster IP,
 // the node's address, named as externalIPs), rejecting services without
 // endpoints, externalTrafficPolicy Local,

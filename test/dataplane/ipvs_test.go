@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
@@ -25,6 +26,15 @@ import (
 // helpers reach IPVS through moby/ipvs and the dummy interface through
 // rtnetlink, both in the node namespace, and touch only what the backend
 // owns.
+
+// ipvsAffinityLinger is how long IPVS may keep a client's persistence
+// template past the affinity timeout when the client resets its
+// connections: each connection entry the template controls lives on in
+// state CLOSE for 10 s, longer than briefAffinity, so at its timeout the
+// template still controls entries and is checked again only 60 s later
+// (ip_vs_conn_expire), when they are gone. The 10 s more are margin. See
+// "Session affinity timeouts" in the backend's README.
+const ipvsAffinityLinger = 60*time.Second + 10*time.Second
 
 // skipWithoutIPVS skips outside the test VM, naming what is missing.
 func skipWithoutIPVS(t *testing.T, _ *netlab.NetNS) {

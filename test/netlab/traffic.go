@@ -127,12 +127,31 @@ func (ns *NetNS) Dial(proto Proto, addr netip.AddrPort, timeout time.Duration) (
 // entry and a fresh load-balancing decision) and reads the answer. The
 // whole request takes at most timeout; a failure is a *RequestError.
 func (ns *NetNS) Request(proto Proto, addr netip.AddrPort, timeout time.Duration) (string, error) {
+	return ns.request(proto, addr, timeout, false)
+}
+
+// RequestReset makes one TCP request as Request does, then ends the
+// connection with a reset instead of a FIN exchange. Whatever tracks the
+// connection (conntrack, an IPVS connection entry) then forgets it after
+// its short CLOSE timeout (10 s) instead of keeping it in TIME_WAIT
+// (2 minutes), so state tied to the client's connections ends soon too.
+func (ns *NetNS) RequestReset(addr netip.AddrPort, timeout time.Duration) (string, error) {
+	return ns.request(TCP, addr, timeout, true)
+}
+
+func (ns *NetNS) request(proto Proto, addr netip.AddrPort, timeout time.Duration, reset bool) (string, error) {
 	start := time.Now()
 	c, err := ns.Dial(proto, addr, timeout)
 	if err != nil {
 		return "", classify(err, start)
 	}
 	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok && reset {
+		// Linger 0: Close sends a reset and drops the socket.
+		if err := tc.SetLinger(0); err != nil {
+			return "", classify(err, start)
+		}
+	}
 	if err := c.SetDeadline(start.Add(timeout)); err != nil {
 		return "", classify(err, start)
 	}
