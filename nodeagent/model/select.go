@@ -18,11 +18,11 @@ package model
 // hints never leaves a node without endpoints. The Local policies
 // (internal and external) ignore hints: they use this node's endpoints.
 
-// topologyMode is the part of the cluster the Cluster policy's endpoints are
-// chosen from on this node, as decided from the endpoints' hints.
+// topologyMode is the part of the cluster the Cluster policy's endpoints
+// are chosen from on this node, as decided from the endpoints' hints.
 type topologyMode int
 
-// The topologies, in the order they are tried.
+// The modes.
 const (
 	// topologyCluster: no hints apply; every endpoint may be used.
 	topologyCluster topologyMode = iota
@@ -34,29 +34,25 @@ const (
 	topologySameZone
 )
 
-// topologyMode decides which hints the Cluster policy follows on this node:
-// forNodes hints if every ready endpoint has some and one names this
-// node; else forZones hints if every ready endpoint has some and one
-// names this node's zone; else none. A port without ready endpoints
-// follows none: its fallback to serving terminating endpoints ignores
-// topology, as kube-proxy's does.
+// topologyMode decides which hints the Cluster policy follows on this
+// node: forNodes hints if every ready endpoint has some and one names
+// this node; else forZones hints if every ready endpoint has some and one
+// names this node's zone; else none. Only ready endpoints count, so a
+// port without any follows none: its fallback to serving terminating
+// endpoints ignores topology, as kube-proxy's does.
 func (sp *ServicePort) topologyMode() topologyMode {
-	ready := false
 	allNodeHints, nodeHere := true, false
 	allZoneHints, zoneHere := true, false
 	for _, e := range sp.Endpoints {
 		if !e.Ready {
 			continue
 		}
-		ready = true
 		allNodeHints = allNodeHints && e.NodeHint != NoHint
 		nodeHere = nodeHere || e.NodeHint == HintHere
 		allZoneHints = allZoneHints && e.ZoneHint != NoHint
 		zoneHere = zoneHere || e.ZoneHint == HintHere
 	}
 	switch {
-	case !ready:
-		return topologyCluster
 	case allNodeHints && nodeHere:
 		return topologySameNode
 	case allZoneHints && zoneHere:
@@ -66,9 +62,9 @@ func (sp *ServicePort) topologyMode() topologyMode {
 }
 
 // ClusterEndpoints returns the endpoints traffic under the Cluster policy
-// goes to: the ready ones that topologyMode allows, or, if none is ready, the
-// serving terminating ones. It is empty when the port has no usable
-// endpoint.
+// goes to: the ready ones that topologyMode allows, or, if none is
+// ready, the serving terminating ones. It is empty when the port has no
+// usable endpoint.
 func (sp *ServicePort) ClusterEndpoints() []Endpoint {
 	switch sp.topologyMode() {
 	case topologySameNode:

@@ -290,7 +290,9 @@ func TestTrackerNodeZone(t *testing.T) {
 	tr.OnServiceAdd(service())
 	tr.OnEndpointSliceAdd(slice("web-1", discoveryv1.AddressTypeIPv4, http(8080),
 		ep("10.1.0.1", forZones("zone-a")), ep("10.1.0.2", forZones("zone-b"))))
-	plain := service(func(s *corev1.Service) { s.Name, s.Spec.ClusterIP, s.Spec.ClusterIPs = "api", "10.0.0.2", []string{"10.0.0.2"} })
+	plain := service(func(s *corev1.Service) {
+		s.Name, s.Spec.ClusterIP, s.Spec.ClusterIPs = "api", "10.0.0.2", []string{"10.0.0.2"}
+	})
 	tr.OnServiceAdd(plain)
 	apiSlice := slice("api-1", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.3"))
 	apiSlice.Labels[discoveryv1.LabelServiceName] = "api"

@@ -1,7 +1,9 @@
 // Package model turns Services and EndpointSlices into the mode-independent
 // service model every dataplane renders: one ServicePort per (service, port,
-// IP family), with its addresses, policies and merged endpoints. Building it
-// once, in one place, is what keeps the three dataplanes behaving alike.
+// IP family), with its addresses, policies and merged endpoints, and the
+// choice of the endpoints each traffic policy uses (select.go: readiness,
+// the terminating fallback, topology hints). Building and choosing once,
+// in one place, is what keeps the three dataplanes behaving alike.
 package model
 
 import (
