@@ -1,6 +1,7 @@
 package model
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -322,4 +323,63 @@ func TestTrackerNodeZone(t *testing.T) {
 			t.Errorf("zone %q: web's ClusterEndpoints = %v, want %v\nmodel:\n%s", step.zone, got, step.wantWeb, strings.Join(modelLines(snap), "\n"))
 		}
 	}
+}
+
+// FuzzTopology checks the promises of topology-aware routing over every
+// mix of endpoint states and hints the fuzzer makes (one byte per
+// endpoint: ready, serving, terminating, local, then two bits each for
+// the zone and the node hint): hints never leave the Cluster policy
+// without endpoints while one is ready; they narrow it only when every
+// ready endpoint has hints of the kind followed, to the ready endpoints
+// whose hint names this node or its zone; and the Local policy never
+// follows them. hack/fuzz.sh runs it for a few seconds in `make test`.
+func FuzzTopology(f *testing.F) {
+	f.Add([]byte{0b1001_0001, 0b0101_0001, 0b0000_1001})
+	f.Add([]byte{0b1010_0001, 0b0110_0001, 0b0000_0001})
+	f.Add([]byte{0b1001_0110, 0b0101_0001})
+	f.Fuzz(func(t *testing.T, spec []byte) {
+		if len(spec) > 64 {
+			return
+		}
+		sp := &ServicePort{}
+		var ready, readyLocal, drainingLocal []Endpoint
+		for i, b := range spec {
+			e := Endpoint{
+				IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Port: 80,
+				Ready: b&1 != 0, Serving: b&2 != 0, Terminating: b&4 != 0, IsLocal: b&8 != 0,
+				ZoneHint: Hint(b >> 4 & 3 % 3), NodeHint: Hint(b >> 6 % 3),
+			}
+			sp.Endpoints = append(sp.Endpoints, e)
+			switch {
+			case e.Ready:
+				ready = append(ready, e)
+				if e.IsLocal {
+					readyLocal = append(readyLocal, e)
+				}
+			case e.Serving && e.Terminating && e.IsLocal:
+				drainingLocal = append(drainingLocal, e)
+			}
+		}
+		cluster := sp.ClusterEndpoints()
+		if len(ready) > 0 && len(cluster) == 0 {
+			t.Fatalf("%d ready endpoints, none for the Cluster policy (spec %08b)", len(ready), spec)
+		}
+		if len(ready) > 0 && len(cluster) < len(ready) {
+			followed := func(h func(Endpoint) Hint) bool {
+				return !slices.ContainsFunc(ready, func(e Endpoint) bool { return h(e) == NoHint }) &&
+					!slices.ContainsFunc(cluster, func(e Endpoint) bool { return !e.Ready || h(e) != HintHere }) &&
+					len(cluster) == len(slices.DeleteFunc(slices.Clone(ready), func(e Endpoint) bool { return h(e) != HintHere }))
+			}
+			if !followed(func(e Endpoint) Hint { return e.NodeHint }) && !followed(func(e Endpoint) Hint { return e.ZoneHint }) {
+				t.Fatalf("Cluster policy narrowed to %v of ready %v without hints to follow (spec %08b)", cluster, ready, spec)
+			}
+		}
+		wantLocal := readyLocal
+		if len(wantLocal) == 0 {
+			wantLocal = drainingLocal
+		}
+		if got := sp.LocalEndpoints(); !slices.Equal(epStrings(got), epStrings(wantLocal)) {
+			t.Fatalf("LocalEndpoints = %v, want %v whatever the hints", got, wantLocal)
+		}
+	})
 }
