@@ -26,7 +26,7 @@ func TestFindingsAgainstAPIServer(t *testing.T) {
 	c := env.Client
 
 	cfg := &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: "takeover"}, Spec: v1alpha1.ProxyConfigSpec{Mode: v1alpha1.ModeNFTables,
-		Rollout: v1alpha1.RolloutPolicy{AcknowledgedFindings: []string{"TopologyRoutingIgnored", "KubeProxyHealthzNotServed"}}}}
+		Rollout: v1alpha1.RolloutPolicy{AcknowledgedFindings: []string{"StrictARPDisabled", "KubeProxyHealthzNotServed"}}}}
 	quiet := &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: "quiet"}, Spec: v1alpha1.ProxyConfigSpec{Mode: v1alpha1.ModeIPTables}}
 	for _, o := range []*v1alpha1.ProxyConfig{cfg, quiet} {
 		if err := c.Create(ctx, o); err != nil {

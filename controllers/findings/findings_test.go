@@ -111,19 +111,6 @@ func TestRules(t *testing.T) {
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables, kpIPVS, psIPTables}, services: []*corev1.Service{np}},
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{web, svc("np6", nodePort, ipv6)}},
 			}},
-		{code: CodeTopologyRoutingIgnored, objects: []string{"default/hints", "default/prefer-close"},
-			hit: []move{{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{
-				svc("prefer-close", func(s *corev1.Service) {
-					d := corev1.ServiceTrafficDistributionPreferClose
-					s.Spec.TrafficDistribution = &d
-				}),
-				svc("hints", func(s *corev1.Service) { s.Annotations = map[string]string{corev1.AnnotationTopologyMode: "Auto"} }),
-				svc("off", func(s *corev1.Service) {
-					s.Annotations = map[string]string{corev1.DeprecatedAnnotationTopologyAwareHints: "disabled"}
-				}),
-				web,
-			}}},
-			miss: []move{{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}}}},
 		{code: CodeStrictARPDisabled, objects: []string{"default/ext", "default/lb"},
 			hit: []move{{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{
 				lb, web, svc("ext", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"198.18.0.1"} })}}},
@@ -300,7 +287,7 @@ func TestTrimKeepsWhatRulesRead(t *testing.T) {
 	if served(tr) {
 		t.Error("Trim dropped the service-proxy-name label")
 	}
-	if tr.Spec.Selector != nil || len(tr.Status.LoadBalancer.Ingress) != 0 || len(tr.Annotations) != 1 || tr.Labels["app"] != "" || tr.Spec.Ports[0].Port != 0 {
+	if tr.Spec.Selector != nil || len(tr.Status.LoadBalancer.Ingress) != 0 || len(tr.Annotations) != 0 || tr.Labels["app"] != "" || tr.Spec.Ports[0].Port != 0 {
 		t.Errorf("Trim kept what no rule reads: %+v", tr)
 	}
 }

@@ -30,7 +30,6 @@ const (
 	CodeHealthCheckNodePortNotServed = "HealthCheckNodePortNotServed"
 	CodeKubeProxyHealthzNotServed    = "KubeProxyHealthzNotServed"
 	CodeLocalhostNodePortsNotServed  = "LocalhostNodePortsNotServed"
-	CodeTopologyRoutingIgnored       = "TopologyRoutingIgnored"
 	CodeStrictARPDisabled            = "StrictARPDisabled"
 	CodeLeavingKubeProxy             = "LeavingKubeProxy"
 	CodeServiceIPsBecomeLocal        = "ServiceIPsBecomeLocal"
@@ -69,13 +68,6 @@ var rules = []rule{
 		message: "Services use NodePorts, which clients on the node may reach on 127.0.0.1: kube-proxy's iptables mode serves that (localhostNodePorts, IPv4), " +
 			"%[1]s does not",
 		action: "Make clients on the nodes reach NodePorts on the node's own address, not on 127.0.0.1",
-	},
-	{
-		code: CodeTopologyRoutingIgnored, severity: v1alpha1.SeverityWarning,
-		applies: leavesKubeProxy, service: wantsTopologyRouting,
-		message: "Services ask for topology-aware routing (spec.trafficDistribution, or the service.kubernetes.io/topology-mode annotation), " +
-			"which kube-proxy honours and %[1]s ignores: their traffic spreads over all endpoints, across zones",
-		action: "Expect cross-zone traffic for these Services, or keep the nodes on kube-proxy",
 	},
 	{
 		code: CodeStrictARPDisabled, severity: v1alpha1.SeverityWarning,

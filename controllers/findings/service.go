@@ -11,24 +11,11 @@ import (
 // not import the agent's packages.)
 const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
-// topologyAnnotations ask for topology-aware routing: the current one
-// and the one it replaced.
-var topologyAnnotations = []string{corev1.AnnotationTopologyMode, corev1.DeprecatedAnnotationTopologyAwareHints}
-
 // Trim returns the part of a Service the rules read: its identity and
-// resourceVersion, the service-proxy-name label, the topology annotations, and the spec fields below.
+// resourceVersion, the service-proxy-name label, and the spec fields below.
 // It is the operator's cache transform for Services, so that a cluster's
 // Services cost the operator little memory.
 func Trim(svc *corev1.Service) *corev1.Service {
-	var ann map[string]string
-	for _, k := range topologyAnnotations {
-		if v, ok := svc.Annotations[k]; ok {
-			if ann == nil {
-				ann = map[string]string{}
-			}
-			ann[k] = v
-		}
-	}
 	s := &svc.Spec
 	ports := make([]corev1.ServicePort, len(s.Ports))
 	for i, p := range s.Ports {
@@ -41,12 +28,11 @@ func Trim(svc *corev1.Service) *corev1.Service {
 	return &corev1.Service{
 		TypeMeta: svc.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: svc.Namespace, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
-			Labels: lbl, Annotations: ann, DeletionTimestamp: svc.DeletionTimestamp},
+			Labels: lbl, DeletionTimestamp: svc.DeletionTimestamp},
 		Spec: corev1.ServiceSpec{
 			Type: s.Type, ClusterIP: s.ClusterIP, IPFamilies: s.IPFamilies, Ports: ports, ExternalIPs: s.ExternalIPs,
 			ExternalTrafficPolicy: s.ExternalTrafficPolicy, HealthCheckNodePort: s.HealthCheckNodePort,
 			SessionAffinity: s.SessionAffinity, LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
-			TrafficDistribution: s.TrafficDistribution,
 		},
 	}
 }
@@ -94,20 +80,6 @@ func hasIPv4NodePort(svc *corev1.Service) bool {
 	}
 	for _, p := range svc.Spec.Ports {
 		if p.NodePort != 0 && v4 {
-			return true
-		}
-	}
-	return false
-}
-
-// wantsTopologyRouting: spec.trafficDistribution is set, or an annotation
-// asks for topology hints.
-func wantsTopologyRouting(svc *corev1.Service) bool {
-	if svc.Spec.TrafficDistribution != nil && *svc.Spec.TrafficDistribution != "" {
-		return true
-	}
-	for _, k := range topologyAnnotations {
-		if v := svc.Annotations[k]; v != "" && v != "Disabled" && v != "disabled" {
 			return true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -118,6 +119,7 @@ func (a *agentState) resolve() error {
 	}
 	nodeIPs, err := NodePortIPs(npa, node, local)
 	a.tracker.SetNodeAddrs(OwnAddrs(node, nodeIPs))
+	a.tracker.SetNodeZone(nodeZone(node))
 	if err != nil {
 		return err
 	}
@@ -307,4 +309,14 @@ func (r *loopRunner) healthy(timeout time.Duration) error {
 	l := r.loop
 	r.mu.Unlock()
 	return l.Healthy(timeout)
+}
+
+// nodeZone is the node's topology.kubernetes.io/zone label, which decides
+// the endpoints topology hints send its traffic to; "" for no label or no
+// Node (kube-proxy reads the same label).
+func nodeZone(node *corev1.Node) string {
+	if node == nil {
+		return ""
+	}
+	return node.Labels[corev1.LabelTopologyZone]
 }

@@ -71,13 +71,14 @@ func ShouldSkip(svc *corev1.Service) (bool, string) {
 // of its ports in each of its IP families, with the endpoints of the given
 // EndpointSlices. Slices of other services, of other address types and FQDN
 // slices are ignored, so the caller may pass more than the service's own.
-// nodeName decides which endpoints are local.
+// node decides which endpoints are local and what their topology hints
+// say about it.
 //
 // A skipped Service (see ShouldSkip) yields nothing. Malformed pieces of
 // the Service or its slices are left out, each reported by one FieldError,
 // and the rest is built as usual. The result is ordered by IP family, then
 // by the order of spec.ports.
-func BuildServicePorts(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodeName string) ([]*ServicePort, []error) {
+func BuildServicePorts(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, node Node) ([]*ServicePort, []error) {
 	if svc == nil {
 		return nil, []error{errors.New("model: nil Service")}
 	}
@@ -88,7 +89,7 @@ func BuildServicePorts(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlic
 	families := b.clusterIPs(svc)
 	ports := b.ports(svc)
 	base := b.common(svc)
-	endpoints := b.endpoints(svc, families, epSlices, nodeName)
+	endpoints := b.endpoints(svc, families, epSlices, node)
 
 	var out []*ServicePort
 	for _, fam := range families {
@@ -266,7 +267,7 @@ type portKey struct {
 
 // endpoints merges the endpoints of the Service's slices per family and
 // port, deduplicated by address and port and sorted.
-func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*discoveryv1.EndpointSlice, nodeName string) map[corev1.IPFamily]map[portKey][]Endpoint {
+func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*discoveryv1.EndpointSlice, node Node) map[corev1.IPFamily]map[portKey][]Endpoint {
 	var own []*discoveryv1.EndpointSlice
 	for _, s := range all {
 		if s != nil && s.Namespace == svc.Namespace && s.Labels[discoveryv1.LabelServiceName] == svc.Name &&
@@ -288,7 +289,7 @@ func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*dis
 			merged[fam] = map[portKey]map[netip.AddrPort]Endpoint{}
 		}
 		for i := range s.Endpoints {
-			ep, ok := b.endpoint(s, i, fam, nodeName)
+			ep, ok := b.endpoint(s, i, fam, node)
 			if !ok {
 				continue
 			}
@@ -354,7 +355,7 @@ func (b *builder) slicePorts(s *discoveryv1.EndpointSlice) map[portKey]int32 {
 }
 
 // endpoint converts endpoint i of slice s, without its port.
-func (b *builder) endpoint(s *discoveryv1.EndpointSlice, i int, fam corev1.IPFamily, nodeName string) (Endpoint, bool) {
+func (b *builder) endpoint(s *discoveryv1.EndpointSlice, i int, fam corev1.IPFamily, node Node) (Endpoint, bool) {
 	e := s.Endpoints[i]
 	f := fmt.Sprintf("endpoints[%d].addresses", i)
 	if len(e.Addresses) == 0 {
@@ -384,8 +385,26 @@ func (b *builder) endpoint(s *discoveryv1.EndpointSlice, i int, fam corev1.IPFam
 	if c.Serving != nil {
 		ep.Serving = *c.Serving
 	}
-	ep.IsLocal = nodeName != "" && ep.NodeName == nodeName
+	ep.IsLocal = node.Name != "" && ep.NodeName == node.Name
+	if h := e.Hints; h != nil {
+		ep.ZoneHint = hintFor(h.ForZones, func(z discoveryv1.ForZone) bool { return z.Name == node.Zone })
+		ep.NodeHint = hintFor(h.ForNodes, func(n discoveryv1.ForNode) bool { return n.Name == node.Name })
+	}
 	return ep, true
+}
+
+// hintFor resolves one kind of an endpoint's hints: NoHint without any,
+// HintHere if one of them names this node (or its zone), else
+// HintElsewhere. Like kube-proxy it compares names as they are, so a node
+// without a zone label matches no zone hint a real controller writes.
+func hintFor[H any](hints []H, namesThisNode func(H) bool) Hint {
+	switch {
+	case len(hints) == 0:
+		return NoHint
+	case slices.ContainsFunc(hints, namesThisNode):
+		return HintHere
+	}
+	return HintElsewhere
 }
 
 // preference ranks copies of one endpoint found in several slices: ready

@@ -1,16 +1,77 @@
 package model
 
-// Endpoint selection, as kube-proxy does it (without topology hints): a
-// traffic policy uses the ready endpoints it may reach; only when none of
-// them is ready does it fall back to those that are still serving while
-// terminating, so that connections drain instead of failing during a
-// rollout. The fallback is decided separately for the cluster-wide and
+// Endpoint selection, as kube-proxy v1.37 does it (pkg/proxy/topology.go):
+// a traffic policy uses the ready endpoints it may reach; only when none
+// of them is ready does it fall back to those that are still serving
+// while terminating, so that connections drain instead of failing during
+// a rollout. The fallback is decided separately for the cluster-wide and
 // the node-local set.
+//
+// Topology-aware routing narrows the cluster-wide set only. A Service's
+// spec.trafficDistribution (PreferClose, PreferSameZone, PreferSameNode)
+// or its topology-mode annotation is read by the EndpointSlice
+// controller, not by the proxy: it writes hints on the endpoints
+// (forZones, and forNodes for PreferSameNode), and the proxy follows the
+// hints. Hints count only when every ready endpoint has them and one of
+// them names this node (or its zone); otherwise they are ignored and
+// traffic goes to every endpoint, so that a half-written or stale set of
+// hints never leaves a node without endpoints. The Local policies
+// (internal and external) ignore hints: they use this node's endpoints.
+
+// topologyMode is the part of the cluster the Cluster policy's endpoints
+// are chosen from on this node, as decided from the endpoints' hints.
+type topologyMode int
+
+// The modes.
+const (
+	// topologyCluster: no hints apply; every endpoint may be used.
+	topologyCluster topologyMode = iota
+	// topologySameNode: the endpoints whose forNodes hints name this
+	// node (PreferSameNode).
+	topologySameNode
+	// topologySameZone: the endpoints whose forZones hints name this
+	// node's zone (PreferClose, PreferSameZone).
+	topologySameZone
+)
+
+// topologyMode decides which hints the Cluster policy follows on this
+// node: forNodes hints if every ready endpoint has some and one names
+// this node; else forZones hints if every ready endpoint has some and one
+// names this node's zone; else none. Only ready endpoints count, so a
+// port without any follows none: its fallback to serving terminating
+// endpoints ignores topology, as kube-proxy's does.
+func (sp *ServicePort) topologyMode() topologyMode {
+	allNodeHints, nodeHere := true, false
+	allZoneHints, zoneHere := true, false
+	for _, e := range sp.Endpoints {
+		if !e.Ready {
+			continue
+		}
+		allNodeHints = allNodeHints && e.NodeHint != NoHint
+		nodeHere = nodeHere || e.NodeHint == HintHere
+		allZoneHints = allZoneHints && e.ZoneHint != NoHint
+		zoneHere = zoneHere || e.ZoneHint == HintHere
+	}
+	switch {
+	case allNodeHints && nodeHere:
+		return topologySameNode
+	case allZoneHints && zoneHere:
+		return topologySameZone
+	}
+	return topologyCluster
+}
 
 // ClusterEndpoints returns the endpoints traffic under the Cluster policy
-// goes to: the ready ones, or, if none is ready, the serving terminating
-// ones. It is empty when the port has no usable endpoint.
+// goes to: the ready ones that topologyMode allows, or, if none is
+// ready, the serving terminating ones. It is empty when the port has no
+// usable endpoint.
 func (sp *ServicePort) ClusterEndpoints() []Endpoint {
+	switch sp.topologyMode() {
+	case topologySameNode:
+		return usable(sp.Endpoints, func(e Endpoint) bool { return e.NodeHint == HintHere })
+	case topologySameZone:
+		return usable(sp.Endpoints, func(e Endpoint) bool { return e.ZoneHint == HintHere })
+	}
 	return usable(sp.Endpoints, func(Endpoint) bool { return true })
 }
 

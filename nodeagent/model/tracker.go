@@ -23,9 +23,10 @@ import (
 // they must not be modified afterwards either (informer cache objects
 // never are).
 type Tracker struct {
-	nodeName string
-	onError  func(error)
-	changed  chan struct{}
+	// node is the node the model is for; its Zone changes under mu.
+	node    Node
+	onError func(error)
+	changed chan struct{}
 	// start is when the Tracker was made: changes triggered before it
 	// (the slices of the initial list) are not measured.
 	start    time.Time
@@ -76,7 +77,7 @@ type Observer interface {
 // Tracker's lock held.
 func NewTracker(nodeName string, onError func(error)) *Tracker {
 	return &Tracker{
-		nodeName:  nodeName,
+		node:      Node{Name: nodeName},
 		onError:   onError,
 		changed:   make(chan struct{}, 1),
 		start:     time.Now(),
@@ -297,6 +298,21 @@ func (t *Tracker) SetNodeAddrs(addrs []netip.Addr) {
 	t.update(func() []ServiceName { return t.claims.setNode(addrs) })
 }
 
+// SetNodeZone sets the node's zone, the value of its
+// topology.kubernetes.io/zone label ("" without one), which decides the
+// endpoints that zone hints send this node's traffic to (see select.go).
+// A change rebuilds every service; only the ports whose endpoints have
+// zone hints change in the model.
+func (t *Tracker) SetNodeZone(zone string) {
+	t.update(func() []ServiceName {
+		if zone == t.node.Zone {
+			return nil
+		}
+		t.node.Zone = zone
+		return slices.Collect(maps.Keys(t.services))
+	})
+}
+
 // Refused is how many external addresses of Services the model leaves out
 // now, because another Service or the node owns them.
 func (t *Tracker) Refused() int {
@@ -316,7 +332,7 @@ func (t *Tracker) rebuild(key ServiceName) []error {
 	var ports []*ServicePort
 	var errs []error
 	if svc := t.services[key]; svc != nil {
-		ports, errs = BuildServicePorts(svc, slices.Collect(maps.Values(t.slices[key])), t.nodeName)
+		ports, errs = BuildServicePorts(svc, slices.Collect(maps.Values(t.slices[key])), t.node)
 	}
 	oldKeys := claimKeys(t.built[key])
 	setOrDelete(t.built, key, ports, len(ports) > 0)

@@ -1,7 +1,9 @@
 // Package model turns Services and EndpointSlices into the mode-independent
 // service model every dataplane renders: one ServicePort per (service, port,
-// IP family), with its addresses, policies and merged endpoints. Building it
-// once, in one place, is what keeps the three dataplanes behaving alike.
+// IP family), with its addresses, policies and merged endpoints, and the
+// choice of the endpoints each traffic policy uses (select.go: readiness,
+// the terminating fallback, topology hints). Building and choosing once,
+// in one place, is what keeps the three dataplanes behaving alike.
 package model
 
 import (
@@ -56,10 +58,44 @@ type Endpoint struct {
 	Zone        string
 	// IsLocal says the endpoint runs on this node.
 	IsLocal bool
+	// ZoneHint and NodeHint say what the endpoint's topology hints
+	// (hints.forZones and hints.forNodes in its EndpointSlice, which the
+	// EndpointSlice controller writes for spec.trafficDistribution) say
+	// about this node: whether they name its zone, its name, or neither.
+	// See select.go for how they narrow the Cluster policy's endpoints.
+	ZoneHint Hint
+	NodeHint Hint
 }
 
 // String renders the endpoint as ip:port.
 func (e Endpoint) String() string { return netip.AddrPortFrom(e.IP, uint16(e.Port)).String() }
+
+// Hint is what one kind of topology hint of an endpoint (its zones or its
+// nodes) says about the node the model is built for. It is resolved when
+// the model is built, as IsLocal is: the model holds only what this node
+// needs, and a change of the node's zone changes only the ports whose
+// endpoints have zone hints.
+type Hint uint8
+
+// The hint values.
+const (
+	// NoHint: the endpoint has no hint of this kind.
+	NoHint Hint = iota
+	// HintElsewhere: the hints of this kind name other zones (or nodes)
+	// only.
+	HintElsewhere
+	// HintHere: a hint names this node's zone (or this node).
+	HintHere
+)
+
+// Node is what the model knows of the node it is built for: its name,
+// which decides the endpoints that are local and those a forNodes hint
+// names for it, and its zone (its topology.kubernetes.io/zone label, ""
+// without one), which decides those a forZones hint names for it.
+type Node struct {
+	Name string
+	Zone string
+}
 
 // ServicePort is one port of one Service in one IP family: everything a
 // dataplane needs to program it.

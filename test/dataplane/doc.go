@@ -9,7 +9,9 @@
 // Service IPs that are not a Service's own (another Service's cluster IP,
 // the node's address, named as externalIPs), rejecting services without
 // endpoints, externalTrafficPolicy Local,
-// incremental syncs, restarts, drift repair and cleanup.
+// incremental syncs, restarts, drift repair and cleanup. Topology-aware
+// routing (EndpointSlice hints and the node's zone label, through the
+// model's Tracker) has its own labs in topology_test.go.
 //
 // The suite is one table with a row per backend, so every backend is held
 // to the same behaviour; see backends in dataplane_test.go. The package has
