@@ -85,6 +85,18 @@ func TestForwardPolicyDrop(t *testing.T) {
 					// as in kube-proxy: the pod networks' forwarding is
 					// the CNI's to accept.)
 					expectNotServed(t, client, p.a.Addr())
+					// Cleanup removes the accept rules and leaves the
+					// host's policy as it was.
+					if _, err := b.Cleanup(t.Context()); err != nil {
+						t.Fatalf("cleanup: %v", err)
+					}
+					out, err := iptablesCmd(node.NS, policyIn, "", "-t", "filter", "-S", "FORWARD")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if strings.Contains(out, iptables.ChainPrefix) || !strings.Contains(out, "-P FORWARD DROP") {
+						t.Errorf("filter FORWARD after cleanup:\n%s\nwant policy DROP and no rule of proxyshift's", out)
+					}
 					return
 				}
 				var w *forwarddrop.Warning
