@@ -140,8 +140,8 @@ func (s *SCTPServer) serve(c net.Conn) {
 
 // RequestSCTP opens an SCTP association from inside ns to addr, reads the
 // server's greeting and returns the name in it, within timeout. A failure
-// is a *RequestError: Refused for an ABORT or ICMP unreachable, Timeout
-// when nothing answers.
+// is a *RequestError: Refused for an ABORT or an ICMP port unreachable
+// (see dialSCTP), Timeout when nothing answers.
 func (ns *NetNS) RequestSCTP(addr netip.AddrPort, timeout time.Duration) (string, error) {
 	start := time.Now()
 	c, err := ns.dialSCTP(addr, start.Add(timeout))
@@ -195,6 +195,13 @@ func (ns *NetNS) dialSCTP(addr netip.AddrPort, deadline time.Time) (net.Conn, er
 	}
 	f := os.NewFile(uintptr(fd), "sctp-client")
 	defer f.Close()
+	// SCTP takes an ICMP error (a reject's port unreachable) as a soft
+	// error and keeps retrying the INIT, unless the socket asks for
+	// errors with IP_RECVERR: with it, a reject fails the connect with
+	// ECONNREFUSED at once, and only a drop times out, as for TCP.
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVERR, 1); err != nil {
+		return nil, fmt.Errorf("SCTP socket: IP_RECVERR: %w", err)
+	}
 	err = unix.Connect(fd, &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())})
 	if err == unix.EINPROGRESS {
 		err = waitConnected(fd, deadline)
