@@ -114,6 +114,18 @@ func TestLocalhostNodePorts(t *testing.T) {
 			}
 			sync(lb)
 			expectNotServed(t, lab.Client.NS, localnet)
+
+			// Cleanup (a switch to another mode) removes the drop rule
+			// with the chains, and so sets route_localnet back to 0: the
+			// node drops the neighbour's packets as martians again.
+			if _, err := lb.Cleanup(ctx); err != nil {
+				t.Fatalf("cleanup: %v", err)
+			}
+			if got, err := node.NS.Sysctl("net/ipv4/conf/all/route_localnet"); err != nil || got != "0" {
+				t.Errorf("route_localnet after cleanup: %q, %v; want 0", got, err)
+			}
+			expectNotServed(t, lab.Client.NS, localnet)
+			expectNotServed(t, node.NS, loopbackNodePort)
 		})
 	}
 }

@@ -230,7 +230,12 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		return removed, err
 	}
 	other, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false)
-	return append(removed, other...), err
+	removed = append(removed, other...)
+	if err != nil {
+		return removed, err
+	}
+	reset, err := b.resetSysctls()
+	return append(removed, reset...), err
 }
 
 // cleanupVariant removes proxyshift's objects from one variant, both
@@ -334,9 +339,8 @@ func familyKey(f *family) corev1.IPFamily { return f.model }
 const routeLocalnet = "net.ipv4.conf.all.route_localnet"
 
 // sysctls are the settings the backend sets: route_localnet=1 when
-// NodePorts answer on 127.0.0.1 (WithLocalhostNodePorts), else none. The
-// backend never sets it back to 0 (kube-proxy does not either): another
-// program may rely on it.
+// NodePorts answer on 127.0.0.1 (WithLocalhostNodePorts), else none.
+// Cleanup sets it back to 0 (see resetSysctls).
 func (b *Backend) sysctls() []dataplane.KernelSetting {
 	for _, np := range b.policy {
 		if np.LocalhostNodePorts {
@@ -354,6 +358,32 @@ func (b *Backend) setSysctls() error {
 		return nil
 	}
 	return b.run.netns.Do(func() error { return dataplane.SetSysctls("iptables", b.procSys, settings) })
+}
+
+// resetSysctls sets route_localnet back to 0 when the backend sets it to
+// 1, for Cleanup: without the martian drop that Cleanup removes with the
+// chains, route_localnet=1 would let other hosts reach what listens on
+// the node's loopback addresses. Only "all" is reset: a CNI that needs
+// it on one interface (the portmap plugin on its bridge) sets it there,
+// which the kernel ORs with "all". It describes what it changed.
+func (b *Backend) resetSysctls() ([]string, error) {
+	settings := b.sysctls()
+	if len(settings) == 0 {
+		return nil, nil
+	}
+	var removed []string
+	err := b.run.netns.Do(func() error {
+		dataplane.ReadSysctls(b.procSys, settings)
+		var reset []dataplane.KernelSetting
+		for _, s := range settings {
+			if s.Value == s.Want {
+				reset = append(reset, dataplane.KernelSetting{Name: s.Name, Want: "0"})
+				removed = append(removed, "sysctl "+s.Name+"="+s.Want+" (set back to 0)")
+			}
+		}
+		return dataplane.SetSysctls("iptables", b.procSys, reset)
+	})
+	return removed, err
 }
 
 var _ dataplane.SettingsReporter = (*Backend)(nil)
