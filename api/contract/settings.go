@@ -152,3 +152,13 @@ func IPVSOptions(s *v1alpha1.IPVSSettings) (IPVS, error) {
 	}
 	return o, nil
 }
+
+// LocalhostNodePorts says whether NodePorts answer on 127.0.0.1 in
+// iptables mode, from the iptables section (nil: the default): true
+// unless the section sets localhostNodePorts to false, as in kube-proxy,
+// whose iptables mode defaults to it. Only the iptables mode can (it
+// needs the route_localnet sysctl and iptables' DNAT of loopback
+// traffic); no other mode has the setting.
+func LocalhostNodePorts(s *v1alpha1.IPTablesSettings) bool {
+	return s == nil || s.LocalhostNodePorts == nil || *s.LocalhostNodePorts
+}

@@ -125,7 +125,12 @@ type IPTablesSettings struct {
 	// +optional
 	SyncPeriod Duration `json:"syncPeriod,omitempty"`
 
-	// LocalhostNodePorts lets NodePorts answer on 127.0.0.1.
+	// LocalhostNodePorts lets NodePorts answer on 127.0.0.1 (IPv4 only)
+	// for clients on the node, as kube-proxy's iptables mode does: the
+	// agent sets the route_localnet sysctl and drops connections to
+	// 127.0.0.0/8 from other hosts. Unset means true, kube-proxy's
+	// default; it applies when nodePortAddresses is empty or holds a
+	// loopback address. Only the iptables mode has it.
 	// +optional
 	LocalhostNodePorts *bool `json:"localhostNodePorts,omitempty"`
 }

@@ -83,6 +83,8 @@ func TestRules(t *testing.T) {
 		miss    []move
 	}
 	strict := &v1alpha1.ProxySettings{IPVS: &v1alpha1.IPVSSettings{StrictARP: true}}
+	// noLocalhost turns localhost NodePorts off in the iptables mode.
+	noLocalhost := &v1alpha1.ProxySettings{IPTables: &v1alpha1.IPTablesSettings{LocalhostNodePorts: new(false)}}
 	lb, hc, web, np, aff := svc("lb", loadBalancer), svc("hc", localPolicy), svc("web"), svc("np", nodePort), svc("aff", affinity)
 	cases := []tc{
 		{code: CodeHealthCheckNodePortNotServed, objects: []string{"default/hc"},
@@ -105,9 +107,10 @@ func TestRules(t *testing.T) {
 		{code: CodeLocalhostNodePortsNotServed, objects: []string{"default/lb", "default/np"},
 			hit: []move{
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{np, lb, web, svc("np6", nodePort, ipv6)}},
-				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpIPTables, psNFTables}, services: []*corev1.Service{np, lb}},
+				{target: v1alpha1.ModeIPTables, settings: noLocalhost, nodes: []*v1alpha1.ProxyNode{kpIPTables, psNFTables}, services: []*corev1.Service{np, lb}},
 			},
 			miss: []move{
+				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{np, lb}},
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables, kpIPVS, psIPTables}, services: []*corev1.Service{np}},
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{web, svc("np6", nodePort, ipv6)}},
 			}},

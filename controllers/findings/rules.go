@@ -3,6 +3,7 @@ package findings
 import (
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
@@ -61,8 +62,8 @@ var rules = []rule{
 	},
 	{
 		code: CodeLocalhostNodePortsNotServed, severity: v1alpha1.SeverityWarning,
-		applies: func(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
-			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeIPTables} && !to.KubeProxy
+		applies: func(from, to Proxy, s *v1alpha1.ProxySettings) bool {
+			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeIPTables} && !to.KubeProxy && !servesLocalhostNodePorts(to, s)
 		},
 		service: hasIPv4NodePort,
 		message: "Services use NodePorts, which clients on the node may reach on 127.0.0.1: kube-proxy's iptables mode serves that (localhostNodePorts, IPv4), " +
@@ -154,4 +155,18 @@ func leavesKubeProxy(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
 // is not IPVS.
 func intoIPVS(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
 	return to == Proxy{Mode: v1alpha1.ModeIPVS} && from.Mode != v1alpha1.ModeIPVS
+}
+
+// servesLocalhostNodePorts says whether proxyshift in mode to, with
+// settings s, answers NodePorts on 127.0.0.1: its iptables mode with
+// localhostNodePorts (unset is true); no other mode can.
+func servesLocalhostNodePorts(to Proxy, s *v1alpha1.ProxySettings) bool {
+	if to.Mode != v1alpha1.ModeIPTables {
+		return false
+	}
+	var sec *v1alpha1.IPTablesSettings
+	if s != nil {
+		sec = s.IPTables
+	}
+	return contract.LocalhostNodePorts(sec)
 }

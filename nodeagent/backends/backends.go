@@ -30,8 +30,8 @@ type Env struct {
 	// Kernel loads the kernel modules the ipvs mode needs; nil loads none
 	// (they must be loaded already).
 	Kernel *kmod.Kernel
-	// ProcSys is where the ipvs mode reads and writes its sysctls
-	// ("" is /proc/sys; see ipvs.WithProcSys).
+	// ProcSys is where the ipvs and iptables modes read and write their
+	// sysctls ("" is /proc/sys; see ipvs.WithProcSys).
 	ProcSys string
 }
 
@@ -41,8 +41,9 @@ func Factories(env Env) map[v1alpha1.ProxyMode]Factory {
 		v1alpha1.ModeNFTables: func(cfg dataplane.NodeConfig, _ v1alpha1.ProxySettings) (dataplane.Backend, error) {
 			return nftables.New(cfg, nftables.WithNetNS(env.NS))
 		},
-		v1alpha1.ModeIPTables: func(cfg dataplane.NodeConfig, _ v1alpha1.ProxySettings) (dataplane.Backend, error) {
-			return iptables.New(cfg, iptables.WithNetNS(env.NS))
+		v1alpha1.ModeIPTables: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
+			return iptables.New(cfg, iptables.WithNetNS(env.NS), iptables.WithProcSys(env.ProcSys),
+				iptables.WithLocalhostNodePorts(contract.LocalhostNodePorts(s.IPTables)))
 		},
 		v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
 			opts, err := IPVSOptions(s.IPVS, env.Kernel)

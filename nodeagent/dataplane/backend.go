@@ -116,8 +116,9 @@ func SplitWarnings(err error) (warnings []Warning, rest error) {
 }
 
 // SettingsReporter is a Backend that sets kernel settings (sysctls) of
-// its node, and reads them back for the node's status. Backends that set
-// none (nftables, iptables) do not implement it.
+// its node, and reads them back for the node's status: ipvs, and iptables
+// with localhost NodePorts (route_localnet). Backends that never set any
+// (nftables) do not implement it.
 type SettingsReporter interface {
 	// KernelSettings returns the settings the backend sets, each with the
 	// value the kernel holds ("" when it could not be read). On error the

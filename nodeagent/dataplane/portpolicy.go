@@ -34,10 +34,15 @@ type NodePolicy struct {
 	// NodePortsAnyLocal says NodeConfig.NodeIPs is empty, so NodePorts
 	// answer on every local address of the node except Loopback.
 	NodePortsAnyLocal bool
-	// Loopback is the family's loopback range. NodePorts never answer on
-	// it: a packet to it cannot be DNATed to another host (route_localnet
-	// aside), so kube-proxy's nftables mode leaves it alone and so do we.
+	// Loopback is the family's loopback range. NodePorts do not answer on
+	// it unless LocalhostNodePorts: a packet to it cannot be DNATed to
+	// another host without the route_localnet sysctl, so kube-proxy's
+	// nftables and IPVS modes leave it alone, and so do ours.
 	Loopback netip.Prefix
+	// LocalhostNodePorts says NodePorts also answer on Loopback, for
+	// clients on the node (kube-proxy's iptables.localhostNodePorts).
+	// Only the iptables backend sets it, with ServeLoopbackNodePorts.
+	LocalhostNodePorts bool
 	// ClusterCIDRs are the family's pod networks: masked, sorted, and
 	// without any prefix another one contains (nftables interval sets
 	// refuse overlaps; other backends lose nothing).
@@ -84,6 +89,27 @@ func NewNodePolicy(cfg NodeConfig, family corev1.IPFamily) NodePolicy {
 		}
 	}
 	return n
+}
+
+// ServeLoopbackNodePorts makes NodePorts answer on the IPv4 loopback
+// range too, as kube-proxy's iptables mode does with localhostNodePorts
+// (which needs the route_localnet sysctl): when they answer on every
+// local address, or when cfg's NodeIPs (nodePortAddresses) hold a
+// loopback address, which then joins NodePortIPs. For IPv6 it does
+// nothing: no mode of kube-proxy serves NodePorts on ::1, the kernel
+// having no route_localnet for IPv6. It reports whether it did.
+func (n *NodePolicy) ServeLoopbackNodePorts(cfg NodeConfig) bool {
+	if n.Family != corev1.IPv4Protocol {
+		return false
+	}
+	for _, ip := range cfg.NodeIPs {
+		if ip := ip.Unmap(); ip.Is4() && n.Loopback.Contains(ip) && !slices.Contains(n.NodePortIPs, ip) {
+			n.NodePortIPs = append(n.NodePortIPs, ip)
+		}
+	}
+	slices.SortFunc(n.NodePortIPs, netip.Addr.Compare)
+	n.LocalhostNodePorts = n.NodePortsAnyLocal || slices.ContainsFunc(n.NodePortIPs, n.Loopback.Contains)
+	return n.LocalhostNodePorts
 }
 
 // InFamily says whether addr is a valid address of the policy's family

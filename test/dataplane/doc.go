@@ -9,9 +9,12 @@
 // Service IPs that are not a Service's own (another Service's cluster IP,
 // the node's address, named as externalIPs), rejecting services without
 // endpoints, externalTrafficPolicy Local,
-// incremental syncs, restarts, drift repair and cleanup. Topology-aware
-// routing (EndpointSlice hints and the node's zone label, through the
-// model's Tracker) has its own labs in topology_test.go.
+// incremental syncs, restarts, drift repair and cleanup. Files of their
+// own check what depends on the host: NodePorts on 127.0.0.1
+// (localhost_test.go), hosts whose FORWARD policy is DROP
+// (forward_test.go) and SCTP services (sctp_test.go, in the test VM).
+// Topology-aware routing (EndpointSlice hints and the node's zone label,
+// through the model's Tracker) has its own labs in topology_test.go.
 //
 // The suite is one table with a row per backend, so every backend is held
 // to the same behaviour; see backends in dataplane_test.go. The package has

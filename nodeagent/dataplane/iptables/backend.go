@@ -19,6 +19,8 @@ import (
 type Backend struct {
 	run    runner
 	policy map[*family]*dataplane.NodePolicy
+	// procSys is where sysctls are read and written (WithProcSys).
+	procSys string
 
 	mu sync.Mutex
 	// state is what the last successful sync of each family programmed;
@@ -62,15 +64,19 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("iptables: unknown variant %q (want %s or %s)", o.variant, Legacy, NFT)
 	}
 	b := &Backend{
-		run:    runner{variant: o.variant, netns: o.netns},
-		policy: map[*family]*dataplane.NodePolicy{},
-		state:  map[*family]*ruleset{},
+		run:     runner{variant: o.variant, netns: o.netns},
+		policy:  map[*family]*dataplane.NodePolicy{},
+		procSys: o.procSys,
+		state:   map[*family]*ruleset{},
 	}
 	if ok, missing := b.run.installed(); !ok {
 		return nil, fmt.Errorf("iptables: %s variant: %s %w", o.variant, missing, errNotInstalled)
 	}
 	for _, f := range families {
 		np := dataplane.NewNodePolicy(cfg, f.model)
+		if o.localhost {
+			np.ServeLoopbackNodePorts(cfg)
+		}
 		b.policy[f] = &np
 	}
 	return b, nil
@@ -134,6 +140,9 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 	delete(b.state, f)
 	rs := render(b.policy[f], ports)
 	if err := rs.collisions(); err != nil {
+		return err
+	}
+	if err := b.setSysctls(); err != nil {
 		return err
 	}
 	cur, err := b.run.read(ctx, f, nil, false)
@@ -221,7 +230,12 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		return removed, err
 	}
 	other, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false)
-	return append(removed, other...), err
+	removed = append(removed, other...)
+	if err != nil {
+		return removed, err
+	}
+	reset, err := b.resetSysctls()
+	return append(removed, reset...), err
 }
 
 // cleanupVariant removes proxyshift's objects from one variant, both
@@ -317,3 +331,74 @@ func (rs *ruleset) counts() dataplane.Counts {
 
 // familyKey is the model family a table family programs.
 func familyKey(f *family) corev1.IPFamily { return f.model }
+
+// routeLocalnet is the sysctl that lets the node route packets to and
+// from 127.0.0.0/8 over other interfaces than lo: what DNAT of a
+// connection to 127.0.0.1:<NodePort> to a pod needs. It is per network
+// namespace ("all" applies to every interface).
+const routeLocalnet = "net.ipv4.conf.all.route_localnet"
+
+// sysctls are the settings the backend sets: route_localnet=1 when
+// NodePorts answer on 127.0.0.1 (WithLocalhostNodePorts), else none.
+// Cleanup sets it back to 0 (see resetSysctls).
+func (b *Backend) sysctls() []dataplane.KernelSetting {
+	for _, np := range b.policy {
+		if np.LocalhostNodePorts {
+			return []dataplane.KernelSetting{{Name: routeLocalnet, Want: "1"}}
+		}
+	}
+	return nil
+}
+
+// setSysctls writes the backend's sysctls that differ from what it
+// wants, in its network namespace.
+func (b *Backend) setSysctls() error {
+	settings := b.sysctls()
+	if len(settings) == 0 {
+		return nil
+	}
+	return b.run.netns.Do(func() error { return dataplane.SetSysctls("iptables", b.procSys, settings) })
+}
+
+// resetSysctls sets route_localnet back to 0 when the backend sets it to
+// 1, for Cleanup: without the martian drop that Cleanup removes with the
+// chains, route_localnet=1 would let other hosts reach what listens on
+// the node's loopback addresses. Only "all" is reset: a CNI that needs
+// it on one interface (the portmap plugin on its bridge) sets it there,
+// which the kernel ORs with "all". It describes what it changed.
+func (b *Backend) resetSysctls() ([]string, error) {
+	settings := b.sysctls()
+	if len(settings) == 0 {
+		return nil, nil
+	}
+	var removed []string
+	err := b.run.netns.Do(func() error {
+		dataplane.ReadSysctls(b.procSys, settings)
+		var reset []dataplane.KernelSetting
+		for _, s := range settings {
+			if s.Value == s.Want {
+				reset = append(reset, dataplane.KernelSetting{Name: s.Name, Want: "0"})
+				removed = append(removed, "sysctl "+s.Name+"="+s.Want+" (set back to 0)")
+			}
+		}
+		return dataplane.SetSysctls("iptables", b.procSys, reset)
+	})
+	return removed, err
+}
+
+var _ dataplane.SettingsReporter = (*Backend)(nil)
+
+// KernelSettings reads back the sysctls the backend sets, for the node's
+// status (dataplane.SettingsReporter): route_localnet with localhost
+// NodePorts, else none.
+func (b *Backend) KernelSettings() ([]dataplane.KernelSetting, error) {
+	settings := b.sysctls()
+	if len(settings) == 0 {
+		return nil, nil
+	}
+	err := b.run.netns.Do(func() error {
+		dataplane.ReadSysctls(b.procSys, settings)
+		return nil
+	})
+	return settings, err
+}

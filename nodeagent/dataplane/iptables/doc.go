@@ -27,6 +27,11 @@
 //     in the kernel. The backend programs the one the host uses (Detect,
 //     the way kube-proxy's iptables wrappers decide), never both, and
 //     removes its own objects from the other; KernelFacts reports both.
+//   - Like kube-proxy's iptables mode, it accepts forwarded service
+//     traffic in iptables' FORWARD chain (PROXYSHIFT-FORWARD), so that
+//     Services work on hosts whose FORWARD policy is DROP, and, with
+//     WithLocalhostNodePorts, serves NodePorts on 127.0.0.1 (IPv4) with
+//     the route_localnet sysctl and a drop of martian connections.
 //   - Restarts keep traffic flowing: New changes nothing, and the first
 //     sync rewrites proxyshift's chains in place in one transaction.
 //

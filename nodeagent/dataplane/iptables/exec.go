@@ -36,8 +36,10 @@ func (v Variant) other() Variant {
 type Option func(*options)
 
 type options struct {
-	variant Variant
-	netns   nsexec.NS
+	variant   Variant
+	netns     nsexec.NS
+	localhost bool
+	procSys   string
 }
 
 // WithVariant makes New use variant v instead of detecting the one the
@@ -50,6 +52,25 @@ func WithVariant(v Variant) Option {
 // the caller's. The caller keeps ns open while the backend is used.
 func WithNetNS(ns nsexec.NS) Option {
 	return func(o *options) { o.netns = ns }
+}
+
+// WithLocalhostNodePorts makes NodePorts answer on 127.0.0.1 (and the
+// rest of 127.0.0.0/8) for clients on the node, as kube-proxy's iptables
+// mode does with iptables.localhostNodePorts (its default): IPv4 only,
+// when NodePorts answer on every local address or nodePortAddresses
+// holds a loopback address. Each full sync then sets the sysctl
+// net.ipv4.conf.all.route_localnet to 1 in the backend's namespace, and
+// the filter table drops new connections to 127.0.0.0/8 from other
+// sources, which that sysctl would otherwise let in. See the README.
+func WithLocalhostNodePorts(on bool) Option {
+	return func(o *options) { o.localhost = on }
+}
+
+// WithProcSys makes the backend read and write its sysctl
+// (route_localnet, see WithLocalhostNodePorts) under dir instead of
+// /proc/sys, as the ipvs backend's option of that name does.
+func WithProcSys(dir string) Option {
+	return func(o *options) { o.procSys = dir }
 }
 
 func newOptions(opts []Option) options {

@@ -30,6 +30,7 @@ const (
 	chainPostrouting    = "PROXYSHIFT-POSTROUTING"
 	// filter table.
 	chainFilter         = "PROXYSHIFT-FILTER"
+	chainForward        = "PROXYSHIFT-FORWARD"
 	chainFirewall       = "PROXYSHIFT-FIREWALL"
 	chainEndpointsCheck = "PROXYSHIFT-ENDPOINTS-CHECK"
 	chainNodePortsCheck = "PROXYSHIFT-NODEPORTS-CHECK"

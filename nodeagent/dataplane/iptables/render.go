@@ -50,13 +50,15 @@ type jumpRule struct {
 // jumps are the rules that hook proxyshift into the built-in chains, the
 // only rules outside its own chains. The nat chains see every packet
 // (conntrack hands NAT only the first packet of a connection anyway); the
-// filter chains only new connections.
+// filter chains only new connections, except FORWARD's, which accepts
+// forwarded service traffic on hosts whose FORWARD policy is DROP (see
+// renderFixed).
 var jumps = []jumpRule{
 	{tableNAT, "PREROUTING", chainServices, `-m comment --comment "proxyshift service portals" -j ` + chainServices},
 	{tableNAT, "OUTPUT", chainServices, `-m comment --comment "proxyshift service portals" -j ` + chainServices},
 	{tableNAT, "POSTROUTING", chainPostrouting, `-m comment --comment "proxyshift masquerading" -j ` + chainPostrouting},
 	{tableFilter, "INPUT", chainFilter, `-m conntrack --ctstate NEW -m comment --comment "proxyshift service checks" -j ` + chainFilter},
-	{tableFilter, "FORWARD", chainFilter, `-m conntrack --ctstate NEW -m comment --comment "proxyshift service checks" -j ` + chainFilter},
+	{tableFilter, "FORWARD", chainForward, `-m comment --comment "proxyshift forwarding" -j ` + chainForward},
 	{tableFilter, "OUTPUT", chainFilter, `-m conntrack --ctstate NEW -m comment --comment "proxyshift service checks" -j ` + chainFilter},
 }
 
@@ -103,7 +105,10 @@ func renderFixed(np *dataplane.NodePolicy) []*chain {
 	mark := fmt.Sprintf("0x%x", np.MasqueradeMark)
 	// nodePortDsts are the matches of a packet to a NodePort address.
 	var nodePortDsts []string
-	if np.NodePortsAnyLocal {
+	switch {
+	case np.NodePortsAnyLocal && np.LocalhostNodePorts:
+		nodePortDsts = []string{"-m addrtype --dst-type LOCAL"}
+	case np.NodePortsAnyLocal:
 		nodePortDsts = []string{"! -d " + np.Loopback.String() + " -m addrtype --dst-type LOCAL"}
 	}
 	for _, ip := range np.NodePortIPs {
@@ -126,7 +131,21 @@ func renderFixed(np *dataplane.NodePolicy) []*chain {
 			"-j MARK --xor-mark " + mark,
 			"-j MASQUERADE --random-fully",
 		}},
-		{table: tableFilter, name: chainFilter, rules: []string{"-j " + chainFirewall, "-j " + chainEndpointsCheck}},
+		{table: tableFilter, name: chainFilter, rules: filterRules(np)},
+		// Forwarded traffic: new connections pass the service checks
+		// first (a firewall drop must not be overtaken by an accept);
+		// then, as kube-proxy's KUBE-FORWARD, invalid packets are
+		// dropped (conntrack would let them reset a connection), and
+		// connections marked for masquerading (service traffic from
+		// outside the pod networks) and the packets of established
+		// connections are accepted, so that Services keep working on
+		// hosts whose FORWARD policy is DROP (Docker sets it).
+		{table: tableFilter, name: chainForward, rules: []string{
+			"-m conntrack --ctstate NEW -j " + chainFilter,
+			"-m conntrack --ctstate INVALID -j DROP",
+			"-m mark --mark " + mark + "/" + mark + ` -m comment --comment "proxyshift forwarded service traffic" -j ACCEPT`,
+			`-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "proxyshift forwarded service traffic, established" -j ACCEPT`,
+		}},
 		{table: tableFilter, name: chainFirewall},
 		{table: tableFilter, name: chainEndpointsCheck, rules: toNodePorts(chainNodePortsCheck)},
 		{table: tableFilter, name: chainNodePortsCheck},
@@ -142,6 +161,23 @@ func renderFixed(np *dataplane.NodePolicy) []*chain {
 	}
 	sortChains(chains)
 	return chains
+}
+
+// filterRules are the rules of PROXYSHIFT-FILTER, which sees the new
+// connections of INPUT, FORWARD and OUTPUT. With localhost NodePorts,
+// the route_localnet sysctl lets the node accept packets to 127.0.0.0/8
+// from other hosts, which the kernel otherwise drops as martians: the
+// first rule drops such new connections unless they were DNATed (a
+// NodePort), so that nothing listening on a loopback address becomes
+// reachable from the network (kube-proxy's "block incoming localnet
+// connections").
+func filterRules(np *dataplane.NodePolicy) []string {
+	var rules []string
+	if np.LocalhostNodePorts {
+		lo := np.Loopback.String()
+		rules = append(rules, "-d "+lo+" ! -s "+lo+` -m conntrack ! --ctstate DNAT -m comment --comment "proxyshift block incoming localnet connections" -j DROP`)
+	}
+	return append(rules, "-j "+chainFirewall, "-j "+chainEndpointsCheck)
 }
 
 // renderPort describes the rules of one service port, as np's policy for

@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/forwarddrop"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -37,6 +38,10 @@ type Backend struct {
 	// state is what the last successful sync of each family programmed;
 	// without it the next sync of the family is a full one.
 	state map[*family]*familyState
+	// forward reports chains of other programs that drop forwarded
+	// packets by default (replies from endpoints are forwarded), which
+	// the helper table cannot overrule.
+	forward forwarddrop.Check
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -114,6 +119,7 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o(b)
 	}
+	b.forward = forwarddrop.Check{Mode: "ipvs", NS: b.netns, Own: []string{TableName}}
 	if b.loader != nil {
 		if err := b.loader.Load(b.modules...); err != nil {
 			return nil, fmt.Errorf("ipvs: load kernel modules: %w", err)
@@ -215,6 +221,11 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 			ce.Keys = append(ce.Keys, k.String())
 		}
 		errs = append(errs, ce)
+	}
+	if _, rest := dataplane.SplitWarnings(errors.Join(errs...)); rest == nil {
+		if w := b.forward.Sync(ctx, req.Full); w != nil {
+			errs = append(errs, w)
+		}
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {

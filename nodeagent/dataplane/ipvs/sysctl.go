@@ -1,8 +1,6 @@
 package ipvs
 
 import (
-	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -75,28 +73,11 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// sysctlPath is where sysctl name is, under procSys (/proc/sys).
-func sysctlPath(procSys, name string) string {
-	if procSys == "" {
-		procSys = "/proc/sys"
-	}
-	return strings.TrimSuffix(procSys, "/") + "/" + strings.ReplaceAll(name, ".", "/")
-}
-
 // setSysctls writes every setting that differs from what it wants, in the
 // backend's network namespace.
 func (b *Backend) setSysctls() error {
 	return b.inNetNS(func() error {
-		for _, s := range b.settings(kernelRelease()) {
-			got, err := os.ReadFile(sysctlPath(b.procSys, s.Name))
-			if err == nil && strings.TrimSpace(string(got)) == s.Want {
-				continue
-			}
-			if err := os.WriteFile(sysctlPath(b.procSys, s.Name), []byte(s.Want), 0o644); err != nil {
-				return fmt.Errorf("ipvs: set %s=%s: %w", s.Name, s.Want, err)
-			}
-		}
-		return nil
+		return dataplane.SetSysctls("ipvs", b.procSys, kernelSettings(b.settings(kernelRelease())))
 	})
 }
 
@@ -106,16 +87,12 @@ var _ dataplane.SettingsReporter = (*Backend)(nil)
 // status (dataplane.SettingsReporter). A setting that cannot be read
 // (IPVS not loaded yet) has an empty Value.
 func (b *Backend) KernelSettings() ([]dataplane.KernelSetting, error) {
-	settings := b.settings(kernelRelease())
+	settings := kernelSettings(b.settings(kernelRelease()))
 	err := b.inNetNS(func() error {
-		for i, s := range settings {
-			if got, err := os.ReadFile(sysctlPath(b.procSys, s.Name)); err == nil {
-				settings[i].Value = strings.TrimSpace(string(got))
-			}
-		}
+		dataplane.ReadSysctls(b.procSys, settings)
 		return nil
 	})
-	return kernelSettings(settings), err
+	return settings, err
 }
 
 // kernelSettings converts settings for the node's status, in their order;

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 )
 
 // TestProcSysDirectory sets and reads the sysctls under the directory
@@ -40,7 +42,7 @@ func TestProcSysDirectory(t *testing.T) {
 			t.Errorf("%s: read %q back from %s, want %q", s.Name, got[i].Value, dir, s.Want)
 		}
 	}
-	if p := sysctlPath("", "net.ipv4.vs.conntrack"); p != "/proc/sys/net/ipv4/vs/conntrack" {
+	if p := dataplane.SysctlPath("", "net.ipv4.vs.conntrack"); p != "/proc/sys/net/ipv4/vs/conntrack" {
 		t.Errorf("default path %s", p)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/forwarddrop"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -32,6 +33,9 @@ type Backend struct {
 	state map[*family]*familyState
 	// stale are chains already flushed and unreferenced, to delete.
 	stale map[*family]map[string]bool
+	// forward reports chains of other programs that drop forwarded
+	// packets by default, which this table cannot overrule.
+	forward forwarddrop.Check
 }
 
 // familyState is what the backend knows it programmed in one family.
@@ -75,6 +79,7 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o(b)
 	}
+	b.forward = forwarddrop.Check{Mode: "nftables", NS: b.netns, Own: []string{TableName}}
 	return b, nil
 }
 
@@ -99,6 +104,11 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 		return b.syncFamily(f, ports, req)
 	}); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if w := b.forward.Sync(ctx, req.Full); w != nil {
+			errs = append(errs, w)
+		}
 	}
 	var c dataplane.Counts
 	for _, st := range b.state {
