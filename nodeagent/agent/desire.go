@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -73,6 +74,15 @@ func (a *agentState) proxyNode() *v1alpha1.ProxyNode {
 	}
 	pn, _ := o.(*v1alpha1.ProxyNode)
 	return pn
+}
+
+// node is the agent's Node from the informer (nil if unknown).
+func (a *agentState) node() *corev1.Node {
+	n, err := a.nodeLister.Get(a.opts.NodeName)
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 // resolve computes the effective desire from the ProxyNode, falling back
