@@ -200,7 +200,6 @@ func TestServerRetries(t *testing.T) {
 	}
 }
 
-
 // TestServerDualStack: a dual-stack Service's two checks share its port,
 // each family's socket answering with that family's count.
 func TestServerDualStack(t *testing.T) {
