@@ -225,7 +225,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	fanout := switcher.NewFanout()
 	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
-	checks := &healthcheck.Server{NS: ns, ProxyAddr: opts.KubeProxyHealthzAddr, Health: hs.healthy, Node: a.node}
+	checks := &healthcheck.Server{NS: ns, ProxyAddr: opts.KubeProxyHealthzAddr, Health: hs.healthy, Node: a.node, OnBindFailure: refusals.healthCheckNotBound}
 	go checks.Run(ctx)
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		checks.Update(healthcheck.Checks(snap), a.current().cfg.NodeIPs)

@@ -45,6 +45,10 @@ type Server struct {
 	Node func() *corev1.Node
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// OnBindFailure, if set, hears once of each Service check whose port
+	// cannot be bound (again after it was bound, or its port changed):
+	// the agent records it as an Event on the Service, as kube-proxy does.
+	OnBindFailure func(c Check, err error)
 
 	mu      sync.Mutex
 	serving bool
@@ -53,6 +57,8 @@ type Server struct {
 	open    map[CheckKey]*bound
 	proxy   *bound
 	failed  bool
+	// told holds the port of each check OnBindFailure heard of.
+	told map[CheckKey]int32
 }
 
 // bound is the listeners of one health check (or of /healthz): its port
@@ -145,8 +151,10 @@ func (s *Server) reconcile() {
 			if err != nil {
 				s.failed = true
 				klog.ErrorS(err, "Cannot open the Service's health-check node port; retrying", "service", k.Service, "family", k.Family, "port", c.Port)
+				s.tell(c, err)
 				continue
 			}
+			delete(s.told, k)
 			klog.V(2).InfoS("Opened health check", "service", k.Service, "family", k.Family, "addresses", addrs)
 			s.open[k] = b
 		}
@@ -165,6 +173,18 @@ func (s *Server) reconcile() {
 			klog.ErrorS(err, "Cannot serve kube-proxy's /healthz and /livez; retrying", "address", s.ProxyAddr)
 		}
 	}
+}
+
+// tell passes a bind failure to OnBindFailure once per check and port.
+func (s *Server) tell(c Check, err error) {
+	if s.OnBindFailure == nil || s.told[c.CheckKey] == c.Port {
+		return
+	}
+	if s.told == nil {
+		s.told = map[CheckKey]int32{}
+	}
+	s.told[c.CheckKey] = c.Port
+	s.OnBindFailure(c, err)
 }
 
 // network is the socket network of a family's checks: a wildcard

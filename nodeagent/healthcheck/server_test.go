@@ -130,8 +130,14 @@ func TestServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var told []string
+	w.s.OnBindFailure = func(c Check, err error) { told = append(told, fmt.Sprintf("%s %d", c.Service, c.Port)) }
+	w.s.Update([]Check{check("front", 32000, 1), check("empty", 32001, 0), check("late", 32002, 3)}, nil)
 	w.s.Update([]Check{check("front", 32000, 1), check("empty", 32001, 0), check("late", 32002, 3)}, nil)
 	w.service(32000, http.StatusOK, 1, true)
+	if len(told) != 1 || told[0] != "shop/late 32002" {
+		t.Errorf("OnBindFailure heard %q, want shop/late 32002 once", told)
+	}
 	if w.s.open[check("late", 0, 0).CheckKey] != nil || !w.s.failed {
 		t.Error("a check whose port is taken counts as open")
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,10 +16,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/agent"
 	"github.com/proxyshift/proxyshift/nodeagent/healthcheck"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -37,20 +40,7 @@ var (
 // with pods as its endpoints on this node.
 func (w *world) createFront(pods ...*netlab.Pod) {
 	w.t.Helper()
-	ctx := context.Background()
-	if _, err := w.kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "front"},
-		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeLoadBalancer, ClusterIP: frontIP.String(),
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: frontHCPort,
-			Ports: []corev1.ServicePort{{Name: "p", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: frontNodePort, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := w.kube.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("front", corev1.ProtocolTCP, pods...), metav1.CreateOptions{}); err != nil {
-		w.t.Fatal(err)
-	}
+	w.createLocalLB("front", frontIP, frontNodePort, frontHCPort, pods...)
 }
 
 // setFrontSlice replaces front's EndpointSlice with s (made by slice).
@@ -288,4 +278,75 @@ func (w *world) listenAsKubeProxy(port uint16) {
 	})}
 	go func() { _ = srv.Serve(l) }()
 	w.t.Cleanup(func() { _ = srv.Close() })
+}
+
+// TestHealthCheckPortTaken: a Service whose health-check node port
+// another program on the node holds gets a Warning Event saying so
+// (kube-proxy's reason, FailedToStartServiceHealthcheck) while the other
+// Services' checks answer; once the port is free the agent binds it
+// within its retry interval, without any change to the Service.
+func TestHealthCheckPortTaken(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeNFTables)
+	taken, err := w.lab.Node.NS.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", frontHCPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	w.createFront(w.pods...)
+	other := int32(32101)
+	w.createLocalLB("back", netip.MustParseAddr("198.19.0.21"), 30091, other, w.pods[0])
+	w.startAgent()
+	w.waitActive(v1alpha1.ModeNFTables)
+	w.waitAnswer("back's health check", uint16(other), "/", func(a answer) bool { return a.code == http.StatusOK })
+
+	front, err := w.kube.CoreV1().Services("default").Get(context.Background(), "front", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := w.kube.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(evs.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.UID == front.UID && e.Reason == agent.ReasonHealthCheckNotServed
+		})
+		if i >= 0 {
+			e := evs.Items[i]
+			if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, "node "+nodeName) || !strings.Contains(e.Note, fmt.Sprint(frontHCPort)) {
+				t.Errorf("Event %s %s: %q", e.Type, e.Reason, e.Note)
+			}
+			t.Logf("Event on default/front: %s", e.Note)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s Event on default/front within 30s", agent.ReasonHealthCheckNotServed)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	_ = taken.Close()
+	w.frontCheck(http.StatusOK, 2)
+}
+
+// createLocalLB creates a LoadBalancer Service with
+// externalTrafficPolicy Local and the given health-check node port, with
+// pods as its endpoints on this node.
+func (w *world) createLocalLB(name string, ip netip.Addr, nodePort, hcPort int32, pods ...*netlab.Pod) {
+	w.t.Helper()
+	ctx := context.Background()
+	if _, err := w.kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, ClusterIP: ip.String(),
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: hcPort,
+			Ports: []corev1.ServicePort{{Name: "p", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: nodePort, TargetPort: intstr.FromInt32(netlab.ServerPort)}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := w.kube.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, corev1.ProtocolTCP, pods...), metav1.CreateOptions{}); err != nil {
+		w.t.Fatal(err)
+	}
 }
