@@ -21,6 +21,7 @@ func requireKubeProxyHealthz(t *testing.T, c *Cluster, agent bool) {
 	if agent {
 		who = "the proxyshift agent"
 	}
+	var seen string
 	for _, n := range c.Nodes {
 		waitUntil(t, c, fmt.Sprintf("%s answering on %s:10256", who, n.Name), func(ctx context.Context) error {
 			for _, path := range []string{"/healthz", "/livez"} {
@@ -36,8 +37,10 @@ func requireKubeProxyHealthz(t *testing.T, c *Cluster, agent bool) {
 				if _, kubeProxy := answer["status"]; kubeProxy == agent {
 					return fmt.Errorf("GET %s answered %q: not %s", url, body, who)
 				}
+				seen = fmt.Sprintf("%s: GET %s: %s", n.Name, url, body)
 			}
 			return nil
 		})
 	}
+	t.Logf("%s answers on port 10256 of every node, e.g. %s", who, seen)
 }
