@@ -98,10 +98,10 @@ func TestCacheTransformServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.(*corev1.Service)
-	if got.Name != "front" || got.Spec.HealthCheckNodePort != 32000 || got.Spec.Type != corev1.ServiceTypeLoadBalancer {
+	if got.Name != "front" || got.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || got.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		t.Errorf("stripped too much: %+v", got)
 	}
-	if got.Annotations != nil || got.ManagedFields != nil || got.Spec.Selector != nil {
+	if got.Annotations != nil || got.ManagedFields != nil || got.Spec.Selector != nil || got.Spec.HealthCheckNodePort != 0 {
 		t.Errorf("not stripped: %+v", got)
 	}
 }

@@ -9,7 +9,7 @@ package nodeagent
 // (informers; no get), patches ProxyNode status (the API server's
 // admission policy in config/policy limits that to its own node's), and
 // records Events (events.k8s.io) on Services whose external address it
-// refuses.
+// refuses or whose health-check node port it cannot bind.
 //
 // +kubebuilder:rbac:groups="",resources=services;nodes,verbs=list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch

@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -49,6 +50,7 @@ func main() {
 		syncPeriod        = flag.Duration("sync-period", 30*time.Second, "Time between two full resyncs, which repair drift.")
 		metricsAddr       = flag.String("metrics-bind-address", "127.0.0.1:10265", "Address of the Prometheus /metrics endpoint; empty disables it. Not kube-proxy's 10249: both run on a node until it is taken over.")
 		healthzAddr       = flag.String("healthz-bind-address", "0.0.0.0:10266", "Address of the /healthz and /livez endpoints; empty disables them. Not kube-proxy's 10256: both run on a node until it is taken over.")
+		kubeProxyHealthz  = flag.String("kube-proxy-healthz-bind-address", "0.0.0.0:10256", "kube-proxy's health address (its healthzBindAddress), IP:port: while proxyshift serves the node in kube-proxy's place, /healthz and /livez answer there as kube-proxy's do, for load balancers and kubelets that probe it. Bound only once kube-proxy is gone, released before the node is handed back. Empty disables it; Services' health-check node ports are served either way.")
 		modulesDir        = flag.String("modules-dir", "", "Kernel modules directory (modules.dep, modules.builtin and the modules); /lib/modules/$(uname -r) when empty.")
 		procModules       = flag.String("proc-modules", "", "File listing the loaded modules; /proc/modules when empty.")
 		sysModule         = flag.String("sys-module", "", "sysfs module directory; /sys/module when empty.")
@@ -71,18 +73,19 @@ func main() {
 	flag.Parse()
 
 	opts := agent.Options{
-		NodeName:            *nodeName,
-		Mode:                v1alpha1.ProxyMode(*mode),
-		NodePortAddresses:   splitList(*nodePortAddresses),
-		MasqueradeAll:       *masqueradeAll,
-		MasqueradeBit:       *masqueradeBit,
-		MinSyncPeriod:       *minSyncPeriod,
-		SyncPeriod:          *syncPeriod,
-		MetricsAddr:         *metricsAddr,
-		HealthzAddr:         *healthzAddr,
-		KubeProxyMetricsURL: *kubeProxyMetrics,
-		TestStopAtPhase:     v1alpha1.NodePhase(*stopAt),
-		TestFailVerify:      *failVerify,
+		NodeName:             *nodeName,
+		Mode:                 v1alpha1.ProxyMode(*mode),
+		NodePortAddresses:    splitList(*nodePortAddresses),
+		MasqueradeAll:        *masqueradeAll,
+		MasqueradeBit:        *masqueradeBit,
+		MinSyncPeriod:        *minSyncPeriod,
+		SyncPeriod:           *syncPeriod,
+		MetricsAddr:          *metricsAddr,
+		HealthzAddr:          *healthzAddr,
+		KubeProxyHealthzAddr: *kubeProxyHealthz,
+		KubeProxyMetricsURL:  *kubeProxyMetrics,
+		TestStopAtPhase:      v1alpha1.NodePhase(*stopAt),
+		TestFailVerify:       *failVerify,
 	}
 	opts.Kernel.ModulesDir, opts.Kernel.ProcModules, opts.Kernel.SysModule = *modulesDir, *procModules, *sysModule
 	if *netnsName != "" {
@@ -118,6 +121,11 @@ func run(kubeconfig string, followProxyNode bool, opts agent.Options, clusterCID
 			return fmt.Errorf("--cluster-cidr: %w", err)
 		}
 		opts.ClusterCIDRs = append(opts.ClusterCIDRs, p)
+	}
+	if a := opts.KubeProxyHealthzAddr; a != "" {
+		if _, err := netip.ParseAddrPort(a); err != nil {
+			return fmt.Errorf("--kube-proxy-healthz-bind-address must be IP:port or empty: %w", err)
+		}
 	}
 	if err := agent.ValidNodePortAddresses(opts.NodePortAddresses); err != nil {
 		return fmt.Errorf("--nodeport-addresses: %w", err)

@@ -37,3 +37,14 @@ func TestRunRefusesBadCIDRFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestRunRefusesBadKubeProxyHealthzAddress: kube-proxy's health address
+// must be IP:port (or empty), as kube-proxy's healthzBindAddress is.
+func TestRunRefusesBadKubeProxyHealthzAddress(t *testing.T) {
+	for _, addr := range []string{":10256", "localhost:10256", "0.0.0.0"} {
+		err := run("", false, agent.Options{NodeName: "node-a", MasqueradeBit: 14, KubeProxyHealthzAddr: addr}, "")
+		if err == nil || !strings.Contains(err.Error(), "--kube-proxy-healthz-bind-address") {
+			t.Errorf("%q: error %v, want one naming --kube-proxy-healthz-bind-address", addr, err)
+		}
+	}
+}

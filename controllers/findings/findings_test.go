@@ -87,23 +87,6 @@ func TestRules(t *testing.T) {
 	noLocalhost := &v1alpha1.ProxySettings{IPTables: &v1alpha1.IPTablesSettings{LocalhostNodePorts: new(false)}}
 	lb, hc, web, np, aff := svc("lb", loadBalancer), svc("hc", localPolicy), svc("web"), svc("np", nodePort), svc("aff", affinity)
 	cases := []tc{
-		{code: CodeHealthCheckNodePortNotServed, objects: []string{"default/hc"},
-			hit: []move{
-				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{hc, lb, web}},
-				{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{kpIPVS}, services: []*corev1.Service{hc}},
-			},
-			miss: []move{
-				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{psIPTables}, services: []*corev1.Service{hc}}, // not served before either
-				{target: v1alpha1.ModeKubeProxy, nodes: []*v1alpha1.ProxyNode{psNFTables}, services: []*corev1.Service{hc}},
-				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{lb}},
-				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{svc("hc", localPolicy, otherProxy)}},
-			}},
-		{code: CodeKubeProxyHealthzNotServed, objects: []string{"default/lb"},
-			hit: []move{{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{lb, hc, np}}},
-			miss: []move{
-				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{psNFTables}, services: []*corev1.Service{lb}},
-				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{hc, np}},
-			}},
 		{code: CodeLocalhostNodePortsNotServed, objects: []string{"default/lb", "default/np"},
 			hit: []move{
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{np, lb, web, svc("np6", nodePort, ipv6)}},
@@ -226,7 +209,6 @@ func TestComputeShape(t *testing.T) {
 		codes = append(codes, string(f.Severity)+" "+f.Code)
 	}
 	want := []string{
-		"Critical HealthCheckNodePortNotServed",
 		"Warning LocalhostNodePortsNotServed", "Warning StrictARPDisabled",
 		"Info ExternalLocalForNodeClients", "Info LeavingKubeProxy", "Info ServiceIPsBecomeLocal",
 		"Info SessionAffinityPerAddress", "Info SessionAffinityReset",
@@ -234,15 +216,15 @@ func TestComputeShape(t *testing.T) {
 	if !reflect.DeepEqual(codes, want) {
 		t.Fatalf("findings\n got %q\nwant %q", codes, want)
 	}
-	hcf := fs[0]
-	if hcf.Count != 25 || len(hcf.Objects) != v1alpha1.MaxFindingObjects || hcf.Objects[0] != "default/hc-00" || hcf.Objects[9] != "default/hc-09" {
-		t.Errorf("objects %v count %d, want the first ten of 25 by name", hcf.Objects, hcf.Count)
+	first := fs[0]
+	if first.Count != 25 || len(first.Objects) != v1alpha1.MaxFindingObjects || first.Objects[0] != "default/hc-00" || first.Objects[9] != "default/hc-09" {
+		t.Errorf("objects %v count %d, want the first ten of 25 by name", first.Objects, first.Count)
 	}
-	if want := "(25 Services on 2 nodes now served by kube-proxy (iptables), kube-proxy (nftables))"; !strings.HasSuffix(hcf.Message, want) {
-		t.Errorf("message %q does not end with %q", hcf.Message, want)
+	if !strings.Contains(first.Message, "proxyshift ipvs does not") || !strings.HasSuffix(first.Message, "(25 Services on 1 node now served by kube-proxy (iptables))") {
+		t.Errorf("message %q does not name the target and the one kube-proxy iptables node", first.Message)
 	}
-	if !strings.Contains(fs[1].Message, "proxyshift ipvs does not") || !strings.HasSuffix(fs[1].Message, "(25 Services on 1 node now served by kube-proxy (iptables))") {
-		t.Errorf("message %q does not name the target and the one kube-proxy iptables node", fs[1].Message)
+	if want := "(25 Services on 2 nodes now served by kube-proxy (iptables), kube-proxy (nftables))"; !strings.HasSuffix(fs[2].Message, want) {
+		t.Errorf("message %q does not end with %q", fs[2].Message, want)
 	}
 	for _, f := range fs {
 		if len(f.Message) > 1024 || len(f.Action) > 1024 {

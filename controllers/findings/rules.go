@@ -28,38 +28,21 @@ type rule struct {
 // The codes of the findings. docs/behaviour-differences.md has a row for
 // each, naming its test.
 const (
-	CodeHealthCheckNodePortNotServed = "HealthCheckNodePortNotServed"
-	CodeKubeProxyHealthzNotServed    = "KubeProxyHealthzNotServed"
-	CodeLocalhostNodePortsNotServed  = "LocalhostNodePortsNotServed"
-	CodeStrictARPDisabled            = "StrictARPDisabled"
-	CodeLeavingKubeProxy             = "LeavingKubeProxy"
-	CodeServiceIPsBecomeLocal        = "ServiceIPsBecomeLocal"
-	CodeServiceIPsNoLongerLocal      = "ServiceIPsNoLongerLocal"
-	CodeSessionAffinityPerAddress    = "SessionAffinityPerAddress"
-	CodeSessionAffinityReset         = "SessionAffinityReset"
-	CodeExternalLocalForNodeClients  = "ExternalLocalForNodeClients"
-	CodeSourceRangesDropSilently     = "SourceRangesDropSilently"
-	CodeUndeclaredPortsNotRejected   = "UndeclaredPortsNotRejected"
+	CodeLocalhostNodePortsNotServed = "LocalhostNodePortsNotServed"
+	CodeStrictARPDisabled           = "StrictARPDisabled"
+	CodeLeavingKubeProxy            = "LeavingKubeProxy"
+	CodeServiceIPsBecomeLocal       = "ServiceIPsBecomeLocal"
+	CodeServiceIPsNoLongerLocal     = "ServiceIPsNoLongerLocal"
+	CodeSessionAffinityPerAddress   = "SessionAffinityPerAddress"
+	CodeSessionAffinityReset        = "SessionAffinityReset"
+	CodeExternalLocalForNodeClients = "ExternalLocalForNodeClients"
+	CodeSourceRangesDropSilently    = "SourceRangesDropSilently"
+	CodeUndeclaredPortsNotRejected  = "UndeclaredPortsNotRejected"
 )
 
 // rules are every difference the operator knows, in no particular order
 // (Compute sorts the findings).
 var rules = []rule{
-	{
-		code: CodeHealthCheckNodePortNotServed, severity: v1alpha1.SeverityCritical,
-		applies: leavesKubeProxy, service: hasHealthCheckNodePort,
-		message: "Services with externalTrafficPolicy Local rely on spec.healthCheckNodePort, which kube-proxy serves and %[1]s does not yet: " +
-			"their load balancers' health checks fail on the moved nodes, which then get none of their traffic",
-		action: "Set externalTrafficPolicy: Cluster on these Services, or keep the nodes that serve them on kube-proxy (spec.nodeSelector); " +
-			"to move anyway, list the code in spec.rollout.acknowledgedFindings",
-	},
-	{
-		code: CodeKubeProxyHealthzNotServed, severity: v1alpha1.SeverityWarning,
-		applies: leavesKubeProxy, service: clusterPolicyLoadBalancer,
-		message: "LoadBalancer Services with externalTrafficPolicy Cluster may be health-checked by their cloud load balancer on kube-proxy's " +
-			"port 10256 (/healthz), which nothing answers under %[1]s",
-		action: "Check the load balancers' health checks; if they probe port 10256, point them at the traffic port or keep these nodes on kube-proxy",
-	},
 	{
 		code: CodeLocalhostNodePortsNotServed, severity: v1alpha1.SeverityWarning,
 		applies: func(from, to Proxy, s *v1alpha1.ProxySettings) bool {
@@ -83,9 +66,10 @@ var rules = []rule{
 	{
 		code: CodeLeavingKubeProxy, severity: v1alpha1.SeverityInfo,
 		applies: leavesKubeProxy,
-		message: "The nodes leave kube-proxy for %[1]s: kube-proxy's metrics endpoint (port 10249) and its health endpoint " +
-			"(port 10256) stop answering; the agent serves kube-proxy's sync metrics (kubeproxy_*) under the same names on 127.0.0.1:10265",
-		action: "Point metrics scrapes at the proxyshift agent (127.0.0.1:10265) and node health checks at its /healthz",
+		message: "The nodes leave kube-proxy for %[1]s: kube-proxy's metrics endpoint (port 10249) stops answering; the agent serves " +
+			"kube-proxy's sync metrics (kubeproxy_*) under the same names on 127.0.0.1:10265, and kube-proxy's /healthz and /livez (port 10256) " +
+			"and the Services' health-check node ports in its place",
+		action: "Point metrics scrapes at the proxyshift agent (127.0.0.1:10265)",
 	},
 	{
 		code: CodeServiceIPsBecomeLocal, severity: v1alpha1.SeverityInfo,

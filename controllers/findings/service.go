@@ -31,8 +31,8 @@ func Trim(svc *corev1.Service) *corev1.Service {
 			Labels: lbl, DeletionTimestamp: svc.DeletionTimestamp},
 		Spec: corev1.ServiceSpec{
 			Type: s.Type, ClusterIP: s.ClusterIP, IPFamilies: s.IPFamilies, Ports: ports, ExternalIPs: s.ExternalIPs,
-			ExternalTrafficPolicy: s.ExternalTrafficPolicy, HealthCheckNodePort: s.HealthCheckNodePort,
-			SessionAffinity: s.SessionAffinity, LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
+			ExternalTrafficPolicy: s.ExternalTrafficPolicy,
+			SessionAffinity:       s.SessionAffinity, LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
 		},
 	}
 }
@@ -49,21 +49,9 @@ func hasClusterIP(svc *corev1.Service) bool {
 	return svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone
 }
 
-// hasHealthCheckNodePort: the API server gave the Service a health-check
-// node port (type LoadBalancer with externalTrafficPolicy Local).
-func hasHealthCheckNodePort(svc *corev1.Service) bool {
-	return svc.Spec.HealthCheckNodePort != 0
-}
-
 // isLoadBalancer: the Service is of type LoadBalancer.
 func isLoadBalancer(svc *corev1.Service) bool {
 	return svc.Spec.Type == corev1.ServiceTypeLoadBalancer
-}
-
-// clusterPolicyLoadBalancer: a LoadBalancer Service whose external
-// traffic may go to any node's endpoints.
-func clusterPolicyLoadBalancer(svc *corev1.Service) bool {
-	return isLoadBalancer(svc) && !localExternalPolicy(svc)
 }
 
 // localExternalPolicy: externalTrafficPolicy Local.

@@ -36,6 +36,7 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
 	"github.com/proxyshift/proxyshift/nodeagent/events"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
+	"github.com/proxyshift/proxyshift/nodeagent/healthcheck"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -71,6 +72,12 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
+	// KubeProxyHealthzAddr is kube-proxy's healthzBindAddress
+	// (0.0.0.0:10256): while proxyshift serves the node, /healthz and
+	// /livez answer there as kube-proxy's do, in the node's namespace.
+	// Empty serves them nowhere (the Services' health-check node ports
+	// are served either way).
+	KubeProxyHealthzAddr string
 	// NetNS is the network namespace of the node: its addresses are the
 	// node's, and facts, probes, conntrack and cleanup work there (the
 	// backends get it from Backends). The zero value is the agent's own.
@@ -218,7 +225,10 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	fanout := switcher.NewFanout()
 	gatherer := &facts.Gatherer{Kernel: &opts.Kernel, NS: ns, Settings: fanout}
 	rec := &conntrack.Reconciler{NS: ns, NodeIPs: func() []netip.Addr { return a.current().cfg.NodeIPs }}
+	checks := &healthcheck.Server{NS: ns, ProxyAddr: opts.KubeProxyHealthzAddr, Health: hs.healthy, Node: a.node, OnBindFailure: refusals.healthCheckNotBound}
+	go checks.Run(ctx)
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
+		checks.Update(healthcheck.Checks(snap), a.current().cfg.NodeIPs)
 		if !conntrack.HasUDPChange(changed, full) {
 			return
 		}
@@ -229,7 +239,11 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 			klog.V(2).InfoS("Deleted stale UDP conntrack entries", "count", n)
 		}
 	})
-	phases := newPhaseReporter(reporter)
+	phases := newPhaseReporter(&servingReporter{
+		Reporter: reporter, checks: checks, programmed: fanout.Model,
+		kubeProxyStopped: func() bool { return a.current().desire.KubeProxyStopped },
+		nodeIPs:          func() []netip.Addr { return a.current().cfg.NodeIPs },
+	})
 	var told switcher.Events
 	if pnClient != nil {
 		// Events about the ProxyNode the agent follows (none standalone).

@@ -76,6 +76,15 @@ func (a *agentState) proxyNode() *v1alpha1.ProxyNode {
 	return pn
 }
 
+// node is the agent's Node from the informer (nil if unknown).
+func (a *agentState) node() *corev1.Node {
+	n, err := a.nodeLister.Get(a.opts.NodeName)
+	if err != nil {
+		return nil
+	}
+	return n
+}
+
 // resolve computes the effective desire from the ProxyNode, falling back
 // to the flags for everything it does not set.
 func (a *agentState) resolve() error {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyshift/proxyshift/nodeagent/healthcheck"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -18,9 +19,15 @@ import (
 // agent records on a Service whose external address it does not route.
 const ReasonExternalAddressRefused = "ExternalAddressRefused"
 
+// ReasonHealthCheckNotServed is the reason of the Warning Event an agent
+// records on a Service whose health-check node port it cannot bind
+// (kube-proxy's reason for the same).
+const ReasonHealthCheckNotServed = "FailedToStartServiceHealthcheck"
+
 // refusalReporter logs what the model skips, and records a Warning Event
-// on each Service whose external address the model's claims refuse, so
-// that whoever owns the Service sees why its address does not answer.
+// on each Service whose external address the model's claims refuse, or
+// whose health-check node port cannot be bound, so that whoever owns the
+// Service sees why its address or its health check does not answer.
 type refusalReporter struct {
 	services corelisters.ServiceLister
 	recorder events.EventRecorder
@@ -50,4 +57,15 @@ func (r *refusalReporter) report(err error) {
 		return // gone already
 	}
 	r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonExternalAddressRefused, "Route", "node %s: %s", r.node, refusal.Error())
+}
+
+// healthCheckNotBound records that a Service's health-check node port
+// could not be bound (healthcheck.Server.OnBindFailure).
+func (r *refusalReporter) healthCheckNotBound(c healthcheck.Check, err error) {
+	svc, lerr := r.services.Services(c.Service.Namespace).Get(c.Service.Name)
+	if lerr != nil {
+		return // gone already
+	}
+	r.recorder.Eventf(svc, nil, corev1.EventTypeWarning, ReasonHealthCheckNotServed, "Listen",
+		"node %s: cannot serve the %s health check on port %d (retrying): %v", r.node, c.Family, c.Port, err)
 }

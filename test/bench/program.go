@@ -95,6 +95,8 @@ func Proxyshift(path string) Program {
 				"--proxynode=false", "--mode", mode, "--cluster-cidr", EndpointCIDR.String(),
 				"--min-sync-period", minSyncPeriod.String(), "--sync-period", "1h",
 				"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr, "-v=1",
+				// Its own health endpoint takes kube-proxy's address here.
+				"--kube-proxy-healthz-bind-address=",
 			}, nil
 		}}
 }

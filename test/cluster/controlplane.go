@@ -27,8 +27,10 @@ import (
 )
 
 // The agents' and the operator's endpoints, on their namespace's loopback.
+// The agent's own health port is its default's, 10266: kube-proxy's 10256
+// is the agent's to serve (on every address) once it serves the node.
 const (
-	agentHealthzAddr  = "127.0.0.1:10256"
+	agentHealthzAddr  = "127.0.0.1:10266"
 	agentMetricsAddr  = "127.0.0.1:10249"
 	operatorMetrics   = "127.0.0.1:8080"
 	operatorProbeAddr = "127.0.0.1:8081"

@@ -321,8 +321,10 @@ func requireServedBy(t *testing.T, s e2e.Snapshot, owner v1alpha1.ProxyMode) {
 // and later the operator's pod, are deleted in the middle of a node's
 // switch. After each step: no failed connection, the long-lived ones
 // answer, kube-proxy runs exactly where it should (and, sampled all
-// along, never left a node proxyshift did not serve), and each node's
-// kernel holds only the new owner's objects. At the end the kube-proxy
+// along, never left a node proxyshift did not serve), each node's
+// kernel holds only the new owner's objects, and port 10256's /healthz
+// and /livez answer from the owner (kube-proxy, or the agent in its
+// place). At the end the kube-proxy
 // DaemonSet and the nodes are as they were before.
 func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
 	ctx := t.Context()
@@ -337,6 +339,7 @@ func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
 	traffic := startPodTraffic(t, c)
 	placement := watchPlacement(t, c, cl)
 	const name = "migrate"
+	requireKubeProxyHealthz(t, c, false)
 
 	killer := &midSwitchKiller{t: t, c: c}
 	s := rollout(t, c, cl, name, v1alpha1.ModeNFTables, killer.onChange)
@@ -344,6 +347,7 @@ func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
 	killer.require()
 	requirePlacement(t, c, nil)
 	requireOwner(t, c, v1alpha1.ModeNFTables)
+	requireKubeProxyHealthz(t, c, true)
 	traffic.check(t, "kube-proxy → nftables")
 
 	s = rollout(t, c, cl, name, v1alpha1.ModeIPTables, nil)
@@ -356,6 +360,7 @@ func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
 	requireServedBy(t, s, v1alpha1.ModeKubeProxy)
 	requirePlacement(t, c, all)
 	requireOwner(t, c, v1alpha1.ModeKubeProxy)
+	requireKubeProxyHealthz(t, c, false)
 	traffic.check(t, "iptables → kube-proxy")
 	placement.check(t)
 
