@@ -155,8 +155,16 @@ func (o *options) status(ctx context.Context, name string) error {
 }
 
 // watchStatus prints the picture, then again after every change of a
-// ProxyConfig or ProxyNode that changes it, until ctx ends.
+// ProxyConfig or ProxyNode that changes it, until ctx ends, which is no
+// error (a read or watch cut short by it included).
 func (o *options) watchStatus(ctx context.Context, name string) error {
+	if err := o.watchStatusUntil(ctx, name); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+func (o *options) watchStatusUntil(ctx context.Context, name string) error {
 	var last []byte
 	show := func() error {
 		cfgs, pns, err := o.read(ctx, name)
