@@ -143,7 +143,13 @@ package controllers
 // metrics (TokenReviews, SubjectAccessReviews). For the handover it
 // watches kube-proxy's DaemonSet and updates it (its node affinity and
 // update strategy), watches the pods of its namespace (which nodes still
-// run kube-proxy), and patches Nodes (the handover label). Leader
+// run kube-proxy), and patches Nodes (the handover label). To change
+// kube-proxy's own mode (spec.kubeProxy) it reads and updates kube-proxy's
+// ConfigMap: only ConfigMaps named kube-proxy (resourceNames; list and
+// watch are asked for that one, in its namespace, with a metadata.name
+// field selector, which resourceNames allows). A ClusterRole, because
+// kustomize's namespace setting would move a Role out of kube-system; a
+// --kube-proxy-configmap of another name needs that name added. Leader
 // election's Lease and its Events are a Role in its own namespace
 // (config/rbac).
 //
@@ -154,6 +160,7 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=list;watch;update
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=kube-proxy,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
