@@ -103,6 +103,19 @@
 // back. A node with no previous mode (its agent never reported one) cannot
 // be rolled back and is reported so.
 //
+// # Changing kube-proxy's own mode
+//
+// A ProxyConfig with mode kube-proxy and spec.kubeProxy runs as legs of
+// one rollout (controllers/plan/bridge.go): every selected node is taken
+// over into the bridge mode; once no kube-proxy pod runs on them the
+// operator writes the new mode into kube-proxy's ConfigMap
+// (controllers/kubeproxyconfig); then the nodes are handed back to
+// kube-proxy, whose pods start in the new mode. A leg that fails is
+// rolled back, and the whole change then runs again towards kube-proxy's
+// previous mode, restoring the ConfigMap. The stage is kept in
+// status.kubeProxyBridge; each leg writes its specs with its own
+// configRef.step.
+//
 // # Agent contract
 //
 // An empty spec.desiredMode means "report, change nothing". The agent acts
