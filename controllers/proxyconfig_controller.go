@@ -479,7 +479,7 @@ func (r *ProxyConfigReconciler) recordEvents(cfg *v1alpha1.ProxyConfig, cs *conf
 			shown, more = shown[:10], fmt.Sprintf(" and %d more", len(fresh)-10)
 		}
 		r.Recorder.Eventf(cfg, relatedProxyNode(fresh[0]), corev1.EventTypeNormal, plan.EventNodeUpdated, "Rollout",
-			"%s%s now run %s (%s updated)", strings.Join(shown, ", "), more, cfg.Spec.Mode, res.Status.Nodes.Summary)
+			"%s%s now run %s (%s updated)", strings.Join(shown, ", "), more, res.Status.TargetMode, res.Status.Nodes.Summary)
 	}
 }
 

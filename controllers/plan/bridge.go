@@ -126,12 +126,10 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	if prevB != nil && prevB.ObservedGeneration == p.cfg.Generation {
 		b.st = *prevB
 	} else {
-		from := b.conf.Mode
-		if m, ok := kubeproxyconfig.PreviousMode(kp.Config); ok {
-			from = m
-		}
+		// From is the mode the ConfigMap says now: where a failure of
+		// this change returns to.
 		b.st = v1alpha1.KubeProxyBridgeStatus{ObservedGeneration: p.cfg.Generation, Stage: v1alpha1.BridgeTakingOver,
-			From: from, To: ch.Mode, Bridge: ch.BridgeMode(), ConfigMap: kp.ConfigMap}
+			From: b.conf.Mode, To: ch.Mode, Bridge: ch.BridgeMode(), ConfigMap: kp.ConfigMap}
 		if b.conf.Mode == ch.Mode && len(p.kubeProxyIn(ch.Mode)) == 0 {
 			b.st.Stage = v1alpha1.BridgeHandingBack // nothing to reconfigure: hand back what proxyshift serves
 		}
@@ -149,8 +147,12 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 		}
 	}
 	if prevB == nil || b.st.ObservedGeneration != prevB.ObservedGeneration {
-		p.bridgeEvents = append(p.bridgeEvents, Event{Reason: EventBridgeStarted, Message: fmt.Sprintf("changing %s over %d nodes, with proxyshift %s serving them meanwhile; %s first",
-			b.what(), len(p.sel.nodes), b.st.Bridge, strings.ToLower(string(b.st.Stage)))})
+		first := "taking them over first"
+		if b.st.Stage == v1alpha1.BridgeHandingBack {
+			first = "its ConfigMap says " + string(b.st.To) + " already: handing them back"
+		}
+		p.bridgeEvents = append(p.bridgeEvents, Event{Reason: EventBridgeStarted, Message: fmt.Sprintf("changing %s over %d nodes, with proxyshift %s serving them meanwhile; %s",
+			b.what(), len(p.sel.nodes), b.st.Bridge, first)})
 	}
 
 	// The leg: the stage's target, with kube-proxy's own settings for
@@ -339,7 +341,7 @@ func (p *pass) reverseBridge(o outcome) outcome {
 	if b.conf.Mode != b.st.To {
 		b.st.Stage = v1alpha1.BridgeTakingOver
 	}
-	p.bridgeEvent(&o, true, EventBridgeRollingBack, fmt.Sprintf("returning every node to kube-proxy in %s mode (%s next): %s", b.st.To, strings.ToLower(string(b.st.Stage)), b.st.Failure))
+	p.bridgeEvent(&o, true, EventBridgeRollingBack, fmt.Sprintf("returning every node to kube-proxy in %s mode (stage %s next): %s", b.st.To, b.st.Stage, b.st.Failure))
 	o.phase, o.stage, o.degraded = v1alpha1.RolloutRollingBack, ReasonRollingBack, ReasonNodeFailed
 	o.stageMsg = fmt.Sprintf("changing kube-proxy's mode failed; returning every node to kube-proxy in %s mode: %s", b.st.To, b.st.Failure)
 	o.degMsg = "changing kube-proxy's mode failed: " + b.st.Failure

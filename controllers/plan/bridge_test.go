@@ -184,6 +184,23 @@ func TestBridgeIPTablesToNFTables(t *testing.T) {
 	if len(s.specLog) != n || s.configWrites != writes {
 		t.Errorf("a completed change keeps writing: %v", s.specLog[n:])
 	}
+
+	// And back: from nftables, restoring the file byte for byte.
+	s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.KubeProxy.Mode = v1alpha1.ModeIPTables })
+	s.runBridge(200, func() bool {
+		return c.Status.Phase == v1alpha1.RolloutCompleted && c.Status.ObservedGeneration == c.Generation
+	})
+	if b := c.Status.KubeProxyBridge; b.From != v1alpha1.ModeNFTables || b.To != v1alpha1.ModeIPTables || b.Stage != v1alpha1.BridgeCompleted {
+		t.Errorf("bridge status of the way back %+v", b)
+	}
+	if got := s.kubeProxy.Config.Data["config.conf"]; got != kubeProxyConf {
+		t.Errorf("ConfigMap not restored byte for byte:\n%s", got)
+	}
+	for name, pn := range s.pns {
+		if pn.Status.KubeProxyMode != v1alpha1.ModeIPTables {
+			t.Errorf("%s: kube-proxy mode %s after the way back", name, pn.Status.KubeProxyMode)
+		}
+	}
 }
 
 // TestBridgeRollsBackAFailedHandBack: the canary fails once handed back

@@ -26,6 +26,11 @@ func changeKubeProxyMode(t *testing.T, c *Cluster, cl client.Client, name string
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A failed check must not leave the ProxyConfig selecting every node
+	// for the next test.
+	t.Cleanup(func() {
+		_ = cl.Delete(context.WithoutCancel(t.Context()), &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	})
 	stage := ""
 	s, err := e2e.WaitDone(t.Context(), cl, name, gen, 10*time.Minute, func(s e2e.Snapshot) {
 		if b := s.Config.Status.KubeProxyBridge; b != nil && string(b.Stage) != stage {
@@ -170,6 +175,7 @@ func requireChanged(t *testing.T, s e2e.Snapshot, from, to v1alpha1.ProxyMode) {
 func checkFailedKubeProxyModeChange(t *testing.T, c *Cluster, cl client.Client) {
 	before, _ := kubeProxyConfig(t, c)
 	setAgentArg(t, c, "--test-fail-hand-back-into=nftables", true)
+	t.Cleanup(func() { setAgentArg(t, c, "--test-fail-hand-back-into=nftables", false) })
 	traffic := startPodTraffic(t, c)
 	const name = "kube-proxy-mode-fails"
 	start := time.Now()
@@ -197,5 +203,4 @@ func checkFailedKubeProxyModeChange(t *testing.T, c *Cluster, cl client.Client) 
 	if err := cl.Delete(t.Context(), &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 		t.Fatal(err)
 	}
-	setAgentArg(t, c, "--test-fail-hand-back-into=nftables", false)
 }

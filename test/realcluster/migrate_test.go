@@ -488,10 +488,11 @@ func checkFailedTakeover(t *testing.T, c *Cluster, cl client.Client) {
 }
 
 // setAgentArg adds arg to the agent DaemonSet's container arguments (or
-// removes it) and waits for the DaemonSet's roll.
+// removes it) and waits for the DaemonSet's roll. It works in a test's
+// cleanup too.
 func setAgentArg(t *testing.T, c *Cluster, arg string, add bool) {
 	t.Helper()
-	ctx := t.Context()
+	ctx := context.WithoutCancel(t.Context())
 	ds, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Get(ctx, "proxyshift-agent", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
