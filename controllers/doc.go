@@ -103,6 +103,19 @@
 // back. A node with no previous mode (its agent never reported one) cannot
 // be rolled back and is reported so.
 //
+// # Changing kube-proxy's own mode
+//
+// A ProxyConfig with mode kube-proxy and spec.kubeProxy runs as legs of
+// one rollout (controllers/plan/bridge.go): every selected node is taken
+// over into the bridge mode; once no kube-proxy pod runs on them the
+// operator writes the new mode into kube-proxy's ConfigMap
+// (controllers/kubeproxyconfig); then the nodes are handed back to
+// kube-proxy, whose pods start in the new mode. A leg that fails is
+// rolled back, and the whole change then runs again towards kube-proxy's
+// previous mode, restoring the ConfigMap. The stage is kept in
+// status.kubeProxyBridge; each leg writes its specs with its own
+// configRef.step.
+//
 // # Agent contract
 //
 // An empty spec.desiredMode means "report, change nothing". The agent acts
@@ -143,7 +156,13 @@ package controllers
 // metrics (TokenReviews, SubjectAccessReviews). For the handover it
 // watches kube-proxy's DaemonSet and updates it (its node affinity and
 // update strategy), watches the pods of its namespace (which nodes still
-// run kube-proxy), and patches Nodes (the handover label). Leader
+// run kube-proxy), and patches Nodes (the handover label). To change
+// kube-proxy's own mode (spec.kubeProxy) it reads and updates kube-proxy's
+// ConfigMap: only ConfigMaps named kube-proxy (resourceNames; list and
+// watch are asked for that one, in its namespace, with a metadata.name
+// field selector, which resourceNames allows). A ClusterRole, because
+// kustomize's namespace setting would move a Role out of kube-system; a
+// --kube-proxy-configmap of another name needs that name added. Leader
 // election's Lease and its Events are a Role in its own namespace
 // (config/rbac).
 //
@@ -154,6 +173,7 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=list;watch;update
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=kube-proxy,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

@@ -69,6 +69,11 @@ type ProxyConfigReconciler struct {
 	// KubeProxyDaemonSet is kube-proxy's DaemonSet, whose existence the
 	// planner checks (plan.KubeProxy); the zero value: no kube-proxy.
 	KubeProxyDaemonSet types.NamespacedName
+	// KubeProxyConfigMap and KubeProxyConfigKey are kube-proxy's
+	// configuration file, which spec.kubeProxy changes; the zero value:
+	// none.
+	KubeProxyConfigMap types.NamespacedName
+	KubeProxyConfigKey string
 
 	mu            sync.Mutex
 	states        map[string]*configState
@@ -284,6 +289,16 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 		}
 	}
 
+	if cm := res.KubeProxyConfig; cm != nil {
+		// After the status, which names the stage that asks for it.
+		if err := r.Client.Update(ctx, cm); err != nil {
+			if !apierrors.IsConflict(err) {
+				return ctrl.Result{}, fmt.Errorf("update kube-proxy's ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
+			}
+			requeue = minPositive(requeue, time.Second) // the cache was behind; plan again from its next view
+		}
+	}
+
 	oldRVs := make([]string, len(res.Update))
 	written := make([]bool, len(res.Update))
 	var stale atomic.Bool
@@ -316,18 +331,66 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
-// kubeProxy says which kube-proxy DaemonSet is configured and whether the
-// cache holds it.
+// kubeProxy reads what the planner needs of kube-proxy from the cache:
+// whether its DaemonSet exists, a --proxy-mode flag in it, the nodes its
+// pods are bound to, and its ConfigMap.
 func (r *ProxyConfigReconciler) kubeProxy(ctx context.Context) (plan.KubeProxy, error) {
-	ds := r.KubeProxyDaemonSet
-	if ds.Name == "" {
-		return plan.KubeProxy{}, nil
+	var kp plan.KubeProxy
+	if cm := r.KubeProxyConfigMap; cm.Name != "" {
+		kp.ConfigMap = cm.String() + ":" + r.KubeProxyConfigKey
+		obj := &corev1.ConfigMap{}
+		switch err := r.Client.Get(ctx, cm, obj); {
+		case err == nil:
+			kp.Config = obj
+		case !apierrors.IsNotFound(err):
+			return kp, err
+		}
 	}
-	err := r.Client.Get(ctx, ds, &appsv1.DaemonSet{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return plan.KubeProxy{}, err
+	key := r.KubeProxyDaemonSet
+	if key.Name == "" {
+		return kp, nil
 	}
-	return plan.KubeProxy{DaemonSet: ds.String(), Found: err == nil}, nil
+	kp.DaemonSet = key.String()
+	ds := &appsv1.DaemonSet{}
+	if err := r.Client.Get(ctx, key, ds); apierrors.IsNotFound(err) {
+		return kp, nil
+	} else if err != nil {
+		return kp, err
+	}
+	kp.Found = true
+	kp.ModeFlag = proxyModeFlag(ds)
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil {
+		return kp, nil // a DaemonSet the API server accepted has a valid selector
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(key.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return kp, err
+	}
+	kp.PodNodes = map[string]bool{}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" {
+			kp.PodNodes[p.Spec.NodeName] = true
+		}
+	}
+	return kp, nil
+}
+
+// proxyModeFlag is the value of a --proxy-mode flag in the DaemonSet's
+// containers, "" when there is none.
+func proxyModeFlag(ds *appsv1.DaemonSet) string {
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		args := append(append([]string{}, c.Command...), c.Args...)
+		for i, a := range args {
+			switch {
+			case strings.HasPrefix(a, "--proxy-mode="):
+				return strings.TrimPrefix(a, "--proxy-mode=")
+			case a == "--proxy-mode" && i+1 < len(args):
+				return args[i+1]
+			}
+		}
+	}
+	return ""
 }
 
 // unmet returns a ProxyNode whose expected change the cache does not show
@@ -416,7 +479,7 @@ func (r *ProxyConfigReconciler) recordEvents(cfg *v1alpha1.ProxyConfig, cs *conf
 			shown, more = shown[:10], fmt.Sprintf(" and %d more", len(fresh)-10)
 		}
 		r.Recorder.Eventf(cfg, relatedProxyNode(fresh[0]), corev1.EventTypeNormal, plan.EventNodeUpdated, "Rollout",
-			"%s%s now run %s (%s updated)", strings.Join(shown, ", "), more, cfg.Spec.Mode, res.Status.Nodes.Summary)
+			"%s%s now run %s (%s updated)", strings.Join(shown, ", "), more, res.Status.TargetMode, res.Status.Nodes.Summary)
 	}
 }
 

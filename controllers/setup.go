@@ -30,16 +30,28 @@ import (
 // DefaultKubeProxyDaemonSet is where kubeadm puts kube-proxy's DaemonSet.
 var DefaultKubeProxyDaemonSet = types.NamespacedName{Namespace: "kube-system", Name: "kube-proxy"}
 
+// DefaultKubeProxyConfigMap and DefaultKubeProxyConfigKey are where
+// kubeadm keeps kube-proxy's configuration file.
+var (
+	DefaultKubeProxyConfigMap = types.NamespacedName{Namespace: "kube-system", Name: "kube-proxy"}
+	DefaultKubeProxyConfigKey = "config.conf"
+)
+
 // Options are the operator's settings beyond the manager's.
 type Options struct {
 	// KubeProxyDaemonSet is kube-proxy's DaemonSet; the zero value says
 	// the cluster has no kube-proxy (see controllers/handover).
 	KubeProxyDaemonSet types.NamespacedName
+	// KubeProxyConfigMap is the ConfigMap holding kube-proxy's
+	// configuration file under KubeProxyConfigKey; spec.kubeProxy changes
+	// the mode in it. The zero value: none (spec.kubeProxy is refused).
+	KubeProxyConfigMap types.NamespacedName
+	KubeProxyConfigKey string
 }
 
-// ParseDaemonSet reads "namespace/name" (the --kube-proxy-daemonset flag);
-// "" is the zero value: no kube-proxy.
-func ParseDaemonSet(s string) (types.NamespacedName, error) {
+// ParseNamespacedName reads "namespace/name" (the --kube-proxy-daemonset
+// and --kube-proxy-configmap flags); "" is the zero value: none.
+func ParseNamespacedName(s string) (types.NamespacedName, error) {
 	if s == "" {
 		return types.NamespacedName{}, nil
 	}
@@ -60,7 +72,8 @@ func ParseDaemonSet(s string) (types.NamespacedName, error) {
 // (findings.Trim).
 // With a kube-proxy DaemonSet, the cache holds that DaemonSet only (whole:
 // it is updated from the cache) and the pods of its namespace only, each
-// trimmed to its name, labels, deletion and node.
+// trimmed to its name, labels, deletion and node; with a kube-proxy
+// ConfigMap, that ConfigMap only (whole: it is updated from the cache).
 func CacheOptions(opts Options) cache.Options {
 	strip := cache.TransformStripManagedFields()
 	co := cache.Options{DefaultTransform: func(in any) (any, error) {
@@ -90,11 +103,13 @@ func CacheOptions(opts Options) cache.Options {
 		}
 		return out, nil
 	}}
+	co.ByObject = map[client.Object]cache.ByObject{}
 	if ds := opts.KubeProxyDaemonSet; ds.Name != "" {
-		co.ByObject = map[client.Object]cache.ByObject{
-			&appsv1.DaemonSet{}: {Namespaces: map[string]cache.Config{ds.Namespace: {}}, Field: fields.OneTermEqualSelector("metadata.name", ds.Name)},
-			&corev1.Pod{}:       {Namespaces: map[string]cache.Config{ds.Namespace: {}}},
-		}
+		co.ByObject[&appsv1.DaemonSet{}] = cache.ByObject{Namespaces: map[string]cache.Config{ds.Namespace: {}}, Field: fields.OneTermEqualSelector("metadata.name", ds.Name)}
+		co.ByObject[&corev1.Pod{}] = cache.ByObject{Namespaces: map[string]cache.Config{ds.Namespace: {}}}
+	}
+	if cm := opts.KubeProxyConfigMap; cm.Name != "" {
+		co.ByObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{cm.Namespace: {}}, Field: fields.OneTermEqualSelector("metadata.name", cm.Name)}
 	}
 	return co
 }
@@ -111,6 +126,8 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*ProxyConfigReconciler, e
 		APIReader:          mgr.GetAPIReader(),
 		Recorder:           mgr.GetEventRecorder(ControllerName),
 		KubeProxyDaemonSet: opts.KubeProxyDaemonSet,
+		KubeProxyConfigMap: opts.KubeProxyConfigMap,
+		KubeProxyConfigKey: opts.KubeProxyConfigKey,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return nil, err
@@ -200,7 +217,37 @@ func (r *ProxyConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			everyConfig(ctx, q)
 		},
 	})
+	if cm := r.KubeProxyConfigMap; cm.Name != "" {
+		// A change of kube-proxy's mode reads its ConfigMap: any change
+		// of it re-plans every config.
+		b = b.Watches(&corev1.ConfigMap{}, handler.Funcs{
+			CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				everyConfig(ctx, q)
+			},
+			UpdateFunc: func(ctx context.Context, _ event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				everyConfig(ctx, q)
+			},
+			DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				everyConfig(ctx, q)
+			},
+		})
+	}
 	if ds := r.KubeProxyDaemonSet; ds.Name != "" {
+		// Where kube-proxy's pods run decides whether its mode may change
+		// (plan.KubeProxy.PodNodes): a pod bound or gone re-plans every
+		// config.
+		b = b.Watches(&corev1.Pod{}, handler.Funcs{
+			UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				o, ok1 := e.ObjectOld.(*corev1.Pod)
+				n, ok2 := e.ObjectNew.(*corev1.Pod)
+				if !ok1 || !ok2 || o.Spec.NodeName != n.Spec.NodeName {
+					everyConfig(ctx, q)
+				}
+			},
+			DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				everyConfig(ctx, q)
+			},
+		})
 		// Whether kube-proxy's DaemonSet exists is part of every plan's
 		// preflight: its creation or deletion re-plans every config.
 		b = b.Watches(&appsv1.DaemonSet{}, handler.Funcs{

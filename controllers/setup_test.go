@@ -106,10 +106,10 @@ func TestCacheTransformServices(t *testing.T) {
 	}
 }
 
-func TestParseDaemonSet(t *testing.T) {
+func TestParseNamespacedName(t *testing.T) {
 	for in, want := range map[string]string{"": "", "kube-system/kube-proxy": "kube-system/kube-proxy", "kube-proxy": "error",
 		"/kube-proxy": "error", "kube-system/": "error", "a/b/c": "error"} {
-		got, err := ParseDaemonSet(in)
+		got, err := ParseNamespacedName(in)
 		switch {
 		case err != nil && want != "error", err == nil && want == "error":
 			t.Errorf("%q: error %v", in, err)

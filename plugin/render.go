@@ -46,6 +46,13 @@ func RenderStatus(w io.Writer, cfgs []v1alpha1.ProxyConfig, pns []v1alpha1.Proxy
 		fmt.Fprintf(tw, "PROXYCONFIG\tMODE\tPHASE\tUPDATED\tFAILED\tPAUSED\tSELECTOR\tAGE\n")
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\n", c.Name, c.Spec.Mode, orNone(string(st.Phase)), orNone(st.Nodes.Summary),
 			st.Nodes.Failed, c.Spec.Rollout.Paused, orNone(st.Selector), age(c.CreationTimestamp.Time, now))
+		if b := st.KubeProxyBridge; b != nil {
+			back := ""
+			if b.RollingBack {
+				back = ", rolling back: " + b.Failure
+			}
+			fmt.Fprintf(tw, "  kube-proxy %s -> %s, bridged by proxyshift %s: stage %s (ConfigMap %s)%s\n", b.From, b.To, b.Bridge, b.Stage, b.ConfigMap, back)
+		}
 		if cond := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady); cond != nil && cond.Message != "" {
 			fmt.Fprintf(tw, "  %s: %s\n", cond.Reason, cond.Message)
 		}

@@ -51,6 +51,9 @@ func (o *options) rollback(ctx context.Context, name string, planOnly bool) erro
 	if err := o.client.Get(ctx, types.NamespacedName{Name: name}, c); err != nil {
 		return err
 	}
+	if c.Spec.KubeProxy != nil {
+		return o.rollbackKubeProxyMode(ctx, c, planOnly)
+	}
 	var pns v1alpha1.ProxyNodeList
 	if err := o.client.List(ctx, &pns); err != nil {
 		return err
@@ -77,6 +80,45 @@ func (o *options) rollback(ctx context.Context, name string, planOnly bool) erro
 	_, err = fmt.Fprintf(o.streams.Out, "proxyconfig/%s rolling back: spec.mode %s -> %s, the mode the %d nodes its rollout moved ran before; %s\n",
 		name, from, spec.Mode, moved, next)
 	return err
+}
+
+// rollbackKubeProxyMode sets spec.kubeProxy.mode back to the mode
+// kube-proxy ran before the change (KubeProxyRollbackSpec).
+func (o *options) rollbackKubeProxyMode(ctx context.Context, c *v1alpha1.ProxyConfig, planOnly bool) error {
+	spec, err := KubeProxyRollbackSpec(c)
+	if err != nil {
+		return fmt.Errorf("cannot roll back proxyconfig/%s: %w", c.Name, err)
+	}
+	to := c.Spec.KubeProxy.Mode
+	c.Spec = spec
+	c.Spec.Rollout.DryRun = c.Spec.Rollout.DryRun || planOnly
+	if err := o.client.Update(ctx, c); err != nil {
+		return err
+	}
+	if o.output != "" {
+		return o.print([]runtime.Object{c})
+	}
+	_, err = fmt.Fprintf(o.streams.Out, "proxyconfig/%s rolling back: spec.kubeProxy.mode %s -> %s, kube-proxy's mode before the change; "+
+		"the operator takes the nodes still to move over, restores kube-proxy's ConfigMap and hands them back, canary first\n", c.Name, to, spec.KubeProxy.Mode)
+	return err
+}
+
+// KubeProxyRollbackSpec is the spec that rolls back a change of
+// kube-proxy's own mode: spec.kubeProxy.mode set back to the mode
+// kube-proxy ran in before it (status.kubeProxyBridge.from).
+func KubeProxyRollbackSpec(c *v1alpha1.ProxyConfig) (v1alpha1.ProxyConfigSpec, error) {
+	spec := *c.Spec.DeepCopy()
+	b := c.Status.KubeProxyBridge
+	switch {
+	case b == nil || b.ObservedGeneration != c.Generation:
+		return spec, fmt.Errorf("the operator has not taken up this change of kube-proxy's mode yet (no status.kubeProxyBridge for generation %d)", c.Generation)
+	case b.RollingBack:
+		return spec, fmt.Errorf("the operator already rolls the change back to kube-proxy in %s mode (it failed: %s)", b.To, b.Failure)
+	case spec.KubeProxy.Mode == b.From:
+		return spec, fmt.Errorf("spec.kubeProxy.mode is %s already, the mode kube-proxy ran in before", b.From)
+	}
+	spec.KubeProxy.Mode = b.From
+	return spec, nil
 }
 
 // RollbackSpec is the spec that rolls back the config's current rollout:

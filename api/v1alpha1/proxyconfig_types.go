@@ -11,6 +11,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.nftables) || self.mode == 'nftables'",message="spec.nftables may only be set when spec.mode is nftables",fieldPath=".nftables"
 // +kubebuilder:validation:XValidation:rule="!has(self.ipvs) || self.mode == 'ipvs'",message="spec.ipvs may only be set when spec.mode is ipvs",fieldPath=".ipvs"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'kube-proxy' || (!has(self.clusterCIDRs) && !has(self.nodePortAddresses))",message="clusterCIDRs and nodePortAddresses cannot be set when spec.mode is kube-proxy: kube-proxy reads its settings from its own ConfigMap"
+// +kubebuilder:validation:XValidation:rule="!has(self.kubeProxy) || self.mode == 'kube-proxy'",message="spec.kubeProxy may only be set when spec.mode is kube-proxy: it changes the mode kube-proxy itself runs in",fieldPath=".kubeProxy"
 type ProxyConfigSpec struct {
 	// Mode is what serves the selected nodes: one of proxyshift's
 	// dataplanes (iptables, nftables or ipvs), or kube-proxy to hand them
@@ -26,10 +27,90 @@ type ProxyConfigSpec struct {
 
 	ProxySettings `json:",inline"`
 
+	// KubeProxy, with mode kube-proxy, changes the mode kube-proxy itself
+	// runs in: proxyshift takes the selected nodes over, changes the mode
+	// in kube-proxy's ConfigMap while no kube-proxy pod runs on them, and
+	// hands them back one batch at a time to kube-proxy pods that start
+	// in the new mode (docs/migrate-kube-proxy-mode.md).
+	// +optional
+	KubeProxy *KubeProxyModeChange `json:"kubeProxy,omitempty"`
+
 	// Rollout says how nodes are moved to a new mode.
 	// +optional
 	// +kubebuilder:default={}
 	Rollout RolloutPolicy `json:"rollout,omitempty"`
+}
+
+// KubeProxyModeChange is a change of kube-proxy's own mode, bridged by
+// proxyshift.
+type KubeProxyModeChange struct {
+	// Mode is the mode kube-proxy runs in once the rollout completes.
+	// +required
+	// +kubebuilder:validation:Enum=iptables;nftables;ipvs
+	Mode ProxyMode `json:"mode"`
+
+	// Bridge is the proxyshift mode that serves the nodes while
+	// kube-proxy is reconfigured; it defaults to mode, so traffic
+	// already runs on the target dataplane. The bridge runs with the
+	// cluster CIDRs and NodePort addresses of kube-proxy's own
+	// configuration.
+	// +optional
+	// +kubebuilder:validation:Enum=iptables;nftables;ipvs
+	Bridge ProxyMode `json:"bridge,omitempty"`
+}
+
+// BridgeMode is the proxyshift mode that bridges the change: Bridge, or
+// Mode when Bridge is empty.
+func (c *KubeProxyModeChange) BridgeMode() ProxyMode {
+	if c.Bridge != "" {
+		return c.Bridge
+	}
+	return c.Mode
+}
+
+// BridgeStage is where a change of kube-proxy's mode stands.
+// +kubebuilder:validation:Enum=TakingOver;ReconfiguringKubeProxy;HandingBack;Completed
+type BridgeStage string
+
+// The stages of a change of kube-proxy's mode, in order. A rollback runs
+// them again towards kube-proxy's previous mode.
+const (
+	// BridgeTakingOver: proxyshift takes the selected nodes over and
+	// kube-proxy's pods leave them.
+	BridgeTakingOver BridgeStage = "TakingOver"
+	// BridgeReconfiguring: no kube-proxy pod runs on the selected nodes;
+	// the operator writes the new mode into kube-proxy's ConfigMap.
+	BridgeReconfiguring BridgeStage = "ReconfiguringKubeProxy"
+	// BridgeHandingBack: the nodes are handed back, batch by batch, to
+	// kube-proxy pods that start in the new mode.
+	BridgeHandingBack BridgeStage = "HandingBack"
+	// BridgeCompleted: every selected node is served by kube-proxy in the
+	// new mode (or, after a rollback, in its previous one).
+	BridgeCompleted BridgeStage = "Completed"
+)
+
+// KubeProxyBridgeStatus is the progress of a change of kube-proxy's mode.
+type KubeProxyBridgeStatus struct {
+	// ObservedGeneration is the ProxyConfig generation the change is for.
+	ObservedGeneration int64 `json:"observedGeneration"`
+	// Stage is where the change stands.
+	Stage BridgeStage `json:"stage"`
+	// From is the mode kube-proxy ran in before the change.
+	From ProxyMode `json:"from"`
+	// To is the mode kube-proxy is being moved to: spec.kubeProxy.mode,
+	// or From while rolling back.
+	To ProxyMode `json:"to"`
+	// Bridge is the proxyshift mode serving the nodes meanwhile.
+	Bridge ProxyMode `json:"bridge"`
+	// ConfigMap is kube-proxy's configuration, "namespace/name:key".
+	ConfigMap string `json:"configMap"`
+	// RollingBack is set once the change failed and the nodes return to
+	// kube-proxy in its previous mode.
+	// +optional
+	RollingBack bool `json:"rollingBack,omitempty"`
+	// Failure is why the change is rolling back.
+	// +optional
+	Failure string `json:"failure,omitempty"`
 }
 
 // RolloutPolicy bounds how many nodes change at once and what happens when
@@ -339,6 +420,11 @@ type ProxyConfigStatus struct {
 	// +listMapKey=code
 	// +kubebuilder:validation:MaxItems=32
 	Findings []Finding `json:"findings,omitempty"`
+
+	// KubeProxyBridge is the progress of a change of kube-proxy's own
+	// mode (spec.kubeProxy).
+	// +optional
+	KubeProxyBridge *KubeProxyBridgeStatus `json:"kubeProxyBridge,omitempty"`
 }
 
 // ProxyConfig is the desired service-proxy mode of a set of nodes, and the
@@ -354,6 +440,7 @@ type ProxyConfigStatus struct {
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetMode`,priority=1
 // +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.nodes.failed`,priority=1
 // +kubebuilder:printcolumn:name="Selector",type=string,JSONPath=`.status.selector`,priority=1
+// +kubebuilder:printcolumn:name="Bridge",type=string,JSONPath=`.status.kubeProxyBridge.stage`,priority=1
 type ProxyConfig struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -11,6 +11,11 @@ type ConfigReference struct {
 	Name string `json:"name"`
 	// Generation is the ProxyConfig's metadata.generation.
 	Generation int64 `json:"generation"`
+	// Step tells apart the specs one generation writes in turn: the
+	// stages of a change of kube-proxy's own mode (TakingOver,
+	// HandingBack, and RollingBack/... for its rollback). Empty otherwise.
+	// +optional
+	Step string `json:"step,omitempty"`
 }
 
 // ProxyNodeSpec is what the operator wants this node to run. Only the

@@ -33,7 +33,7 @@ import (
 )
 
 // hiddenFlags are for tests and left out of -help.
-var hiddenFlags = map[string]bool{"netns": true, "test-stop-at-phase": true, "test-fail-verify": true}
+var hiddenFlags = map[string]bool{"netns": true, "test-stop-at-phase": true, "test-fail-verify": true, "test-fail-hand-back-into": true}
 
 func main() {
 	klog.InitFlags(nil)
@@ -60,6 +60,7 @@ func main() {
 		netnsName         = flag.String("netns", "", "Testing only: program the network namespace /run/netns/NAME instead of the agent's own.")
 		stopAt            = flag.String("test-stop-at-phase", "", "Testing only: hang once a switch has done this phase's work (Preparing, Programming, Verifying, CleaningUp).")
 		failVerify        = flag.Bool("test-fail-verify", false, "Testing only: make every Verifying phase fail.")
+		failHandBackInto  = flag.String("test-fail-hand-back-into", "", "Testing only: make handing the node back to kube-proxy fail while kube-proxy runs in this mode.")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage of %s:\n", filepath.Base(os.Args[0]))
@@ -86,6 +87,7 @@ func main() {
 		KubeProxyMetricsURL:  *kubeProxyMetrics,
 		TestStopAtPhase:      v1alpha1.NodePhase(*stopAt),
 		TestFailVerify:       *failVerify,
+		TestFailHandBackInto: v1alpha1.ProxyMode(*failHandBackInto),
 	}
 	opts.Kernel.ModulesDir, opts.Kernel.ProcModules, opts.Kernel.SysModule = *modulesDir, *procModules, *sysModule
 	if *netnsName != "" {

@@ -33,6 +33,8 @@ func main() {
 		leaderElectNS string
 		leaderElectID string
 		kubeProxyDS   string
+		kubeProxyCM   string
+		kubeProxyKey  string
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated callers only: a bearer token the API server accepts (TokenReview) whose owner may get the /metrics URL (SubjectAccessReview; see the proxyshift-metrics-reader ClusterRole). false serves plain HTTP to anyone.")
@@ -42,18 +44,25 @@ func main() {
 	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace in-cluster.")
 	flag.StringVar(&leaderElectID, "leader-election-id", "proxyshift-operator.proxyshift.io", "Name of the leader election Lease.")
 	flag.StringVar(&kubeProxyDS, "kube-proxy-daemonset", controllers.DefaultKubeProxyDaemonSet.String(), "kube-proxy's DaemonSet, namespace/name: nodes proxyshift takes over are excluded from it with a node label (its node affinity is extended once, and restored when no node needs it), and mode kube-proxy hands nodes back to it. Empty means this cluster has no kube-proxy: nothing is stopped and mode kube-proxy is refused.")
+	flag.StringVar(&kubeProxyCM, "kube-proxy-configmap", controllers.DefaultKubeProxyConfigMap.String(), "kube-proxy's ConfigMap, namespace/name, whose mode a ProxyConfig with spec.kubeProxy changes (the operator's ClusterRole allows ConfigMaps named kube-proxy only). Empty refuses spec.kubeProxy.")
+	flag.StringVar(&kubeProxyKey, "kube-proxy-config-key", controllers.DefaultKubeProxyConfigKey, "The key of kube-proxy's configuration file in --kube-proxy-configmap.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
-	kubeProxy, err := controllers.ParseDaemonSet(kubeProxyDS)
+	kubeProxy, err := controllers.ParseNamespacedName(kubeProxyDS)
 	if err != nil {
 		log.Error(err, "invalid --kube-proxy-daemonset")
 		os.Exit(1)
 	}
-	ctlOpts := controllers.Options{KubeProxyDaemonSet: kubeProxy}
+	kubeProxyConfig, err := controllers.ParseNamespacedName(kubeProxyCM)
+	if err != nil {
+		log.Error(err, "invalid --kube-proxy-configmap")
+		os.Exit(1)
+	}
+	ctlOpts := controllers.Options{KubeProxyDaemonSet: kubeProxy, KubeProxyConfigMap: kubeProxyConfig, KubeProxyConfigKey: kubeProxyKey}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -94,7 +103,7 @@ func main() {
 	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	utilruntime.Must(mgr.AddReadyzCheck("readyz", healthz.Ping))
 
-	log.Info("starting proxyshift-operator", "leaderElection", leaderElect, "kubeProxyDaemonSet", kubeProxyDS)
+	log.Info("starting proxyshift-operator", "leaderElection", leaderElect, "kubeProxyDaemonSet", kubeProxyDS, "kubeProxyConfigMap", kubeProxyCM)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "controller manager stopped with an error")
 		os.Exit(1)

@@ -3,6 +3,7 @@ package plan
 import (
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -48,6 +49,18 @@ type pass struct {
 	// findings are what will behave differently on the nodes that still
 	// have to move, as the pass found them before moving any.
 	findings []v1alpha1.Finding
+	// br is the change of kube-proxy's mode (spec.kubeProxy), if any;
+	// bridgeEvents are its events decided before the leg's rollout ran.
+	br           *bridge
+	bridgeEvents []Event
+	// expectKubeProxy is the mode kube-proxy must come back in on nodes
+	// handed back to it ("" when any mode will do).
+	expectKubeProxy v1alpha1.ProxyMode
+	// step is the configRef step of the specs this pass writes (the
+	// bridge's leg; "" outside a change of kube-proxy's mode).
+	step string
+	// kubeProxyWrite is kube-proxy's ConfigMap with a new mode, to write.
+	kubeProxyWrite *corev1.ConfigMap
 }
 
 // run decides the pass's outcome.
@@ -68,9 +81,21 @@ func (p *pass) run() outcome {
 	if len(p.sel.nodes) == 0 {
 		return outcome{phase: v1alpha1.RolloutPending, stage: ReasonConflict, stageMsg: "every selected node is selected by another ProxyConfig too"}
 	}
+	var stop *outcome
+	if ch := p.cfg.Spec.KubeProxy; ch != nil && p.cfg.Spec.Mode == v1alpha1.ModeKubeProxy {
+		stop = p.openBridge(ch) // from here p.cfg is the leg's config
+	}
 	e := p.classify()
 	p.findings = p.behaviourDiff()
-	o := p.decide()
+	var o outcome
+	switch {
+	case stop != nil:
+		o = *stop
+	case p.br != nil:
+		o = p.closeBridge(p.decide())
+	default:
+		o = p.decide()
+	}
 	o.effects = e.then(o.effects)
 	return o
 }

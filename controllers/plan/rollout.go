@@ -221,7 +221,7 @@ func (p *pass) moveForward(n *nodeState) *v1alpha1.ProxyNode {
 	// Only the rollout's fields: spec.kubeProxyStopped is the handover
 	// controller's.
 	pn.Spec.DesiredMode = p.cfg.Spec.Mode
-	pn.Spec.ConfigRef = &v1alpha1.ConfigReference{Name: p.cfg.Name, Generation: p.cfg.Generation}
+	pn.Spec.ConfigRef = &v1alpha1.ConfigReference{Name: p.cfg.Name, Generation: p.cfg.Generation, Step: p.step}
 	pn.Spec.Settings = *p.cfg.Spec.ProxySettings.DeepCopy()
 	if !hasOwnerRef(pn, n.node) {
 		pn.OwnerReferences = append(pn.OwnerReferences, nodeOwnerRef(n.node))

@@ -98,6 +98,10 @@ func (p *pass) classify() effects {
 		n.atTarget = sameContent(&pn.Spec, mode, settings)
 		n.converged = Converged(pn)
 		n.inTransition = InTransition(pn)
+		if why := p.wrongKubeProxyMode(pn); n.converged && why != "" {
+			n.converged, n.inTransition, n.failed, n.failReason = false, true, true, why
+			continue
+		}
 		if n.inTransition {
 			n.failed, n.failReason, n.deadline = failure(pn, p.pol.timeout, p.now)
 			if !n.failed {
@@ -252,4 +256,15 @@ func (p *pass) kubeProxyProblem(pn *v1alpha1.ProxyNode) string {
 			pn.Status.KubeProxyMode, kp.DaemonSet)
 	}
 	return ""
+}
+
+// wrongKubeProxyMode says why a node handed back to kube-proxy has failed
+// because kube-proxy came back in another mode than the one its
+// configuration was changed to ("" when it did not).
+func (p *pass) wrongKubeProxyMode(pn *v1alpha1.ProxyNode) string {
+	got := pn.Status.KubeProxyMode
+	if p.expectKubeProxy == "" || pn.Spec.DesiredMode != v1alpha1.ModeKubeProxy || got == "" || got == p.expectKubeProxy {
+		return ""
+	}
+	return fmt.Sprintf("kube-proxy came back in %s mode, not %s: its pod read another configuration (does its DaemonSet set --proxy-mode, or mount another ConfigMap?)", got, p.expectKubeProxy)
 }

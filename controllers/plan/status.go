@@ -29,7 +29,7 @@ var progressingTrue = map[string]bool{
 // one), and the requeue.
 func (p *pass) finish(o outcome) Result {
 	o = p.sideDegraded(o)
-	res := Result{Create: o.create, Delete: o.delete, Update: o.update, Events: o.events}
+	res := Result{Create: o.create, Delete: o.delete, Update: o.update, Events: o.events, KubeProxyConfig: p.kubeProxyWrite}
 	st := &res.Status
 	st.ObservedGeneration = p.cfg.Generation
 	st.TargetMode = p.cfg.Spec.Mode
@@ -43,6 +43,10 @@ func (p *pass) finish(o outcome) Result {
 		st.Plan = &v1alpha1.RolloutPlan{Mode: p.cfg.Spec.Mode, MaxUnavailable: int32(p.maxUnav)} // nothing left to move
 	}
 	st.Findings = p.findings
+	if p.br != nil {
+		b := p.br.st
+		st.KubeProxyBridge = &b
+	}
 	mode := p.cfg.Spec.Mode
 
 	updated := 0
@@ -98,6 +102,9 @@ func (p *pass) finish(o outcome) Result {
 			msg += "; " + o.stageMsg
 		}
 		ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
+	}
+	if p.br != nil {
+		ready = p.bridgeReady(ready)
 	}
 	prog := metav1.Condition{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: o.stage, Message: o.stageMsg}
 	if progressingTrue[o.stage] {

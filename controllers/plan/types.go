@@ -127,6 +127,16 @@ type KubeProxy struct {
 	DaemonSet string
 	// Found says the DaemonSet exists.
 	Found bool
+	// ModeFlag is the value of a --proxy-mode flag in the DaemonSet's
+	// containers ("" when none): it overrides the ConfigMap's mode.
+	ModeFlag string
+	// PodNodes are the nodes a pod of the DaemonSet is bound to.
+	PodNodes map[string]bool
+	// ConfigMap is kube-proxy's configuration, "namespace/name:key"
+	// (--kube-proxy-configmap, --kube-proxy-config-key).
+	ConfigMap string
+	// Config is that ConfigMap; nil when it was not found.
+	Config *corev1.ConfigMap
 }
 
 // Event is an event to record about the ProxyConfig.
@@ -153,6 +163,10 @@ type Result struct {
 	// modified copy of the input object (same resourceVersion), to be
 	// written with an optimistic-concurrency update.
 	Update []*v1alpha1.ProxyNode
+	// KubeProxyConfig, when set, is kube-proxy's ConfigMap with a new
+	// mode: a modified copy of KubeProxy.Config (same resourceVersion),
+	// to be written with an optimistic-concurrency update.
+	KubeProxyConfig *corev1.ConfigMap
 	// Events are events to record.
 	Events []Event
 	// Updated names the nodes this rollout moved that now run the target

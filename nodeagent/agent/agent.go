@@ -107,9 +107,11 @@ type Options struct {
 	StatusSyncInterval time.Duration
 	// TestStopAtPhase makes the agent hang once a switch finished this
 	// phase's work (for tests that kill it there). TestFailVerify makes
-	// every Verifying fail.
-	TestStopAtPhase v1alpha1.NodePhase
-	TestFailVerify  bool
+	// every Verifying fail. TestFailHandBackInto makes handing the node
+	// back to kube-proxy in that mode fail.
+	TestStopAtPhase      v1alpha1.NodePhase
+	TestFailVerify       bool
+	TestFailHandBackInto v1alpha1.ProxyMode
 }
 
 // Run starts the agent and blocks until ctx ends or startup fails. It never
@@ -266,6 +268,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		Events:     told,
 		StopAt:     opts.TestStopAtPhase,
 		FailVerify: opts.TestFailVerify,
+		FailHandBackInto: opts.TestFailHandBackInto,
 	}, a.current().desire)
 	a.sw = sw
 	st, step, err := sw.Init(ctx)

@@ -100,6 +100,10 @@ type Config struct {
 	StopAt v1alpha1.NodePhase
 	// FailVerify makes every Verifying fail (a test hook).
 	FailVerify bool
+	// FailHandBackInto makes handing the node back to kube-proxy fail
+	// while kube-proxy's objects are of this mode, once it serves and
+	// before proxyshift's objects go (a test hook).
+	FailHandBackInto v1alpha1.ProxyMode
 }
 
 // Switcher carries out Next's steps.
@@ -451,7 +455,9 @@ func (s *Switcher) execute(ctx context.Context, st State, step Step) Result {
 	case Verify:
 		err = s.verify(ctx, step)
 	case CleanUp:
-		err = s.cleanUp(ctx, st, step)
+		if err = s.failHandBack(step); err == nil {
+			err = s.cleanUp(ctx, st, step)
+		}
 	case Rollback:
 		err = s.rollback(ctx, step)
 		if err != nil {
@@ -711,6 +717,17 @@ func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) e
 			return nil
 		}
 	}
+}
+
+// failHandBack is the FailHandBackInto test hook.
+func (s *Switcher) failHandBack(step Step) error {
+	s.mu.Lock()
+	kp := s.kubeProxyMode
+	s.mu.Unlock()
+	if step.Mode == v1alpha1.ModeKubeProxy && s.cfg.FailHandBackInto != "" && kp == s.cfg.FailHandBackInto {
+		return fmt.Errorf("handing the node back to kube-proxy in %s mode failed on purpose: the agent runs with --test-fail-hand-back-into=%s", kp, kp)
+	}
+	return nil
 }
 
 // cleanUp removes the other modes (each stops being synced first;

@@ -79,6 +79,9 @@ func TestAPI(t *testing.T) {
 			{"iptables-settings-in-nftables-mode", "mode: nftables\niptables:\n  masqueradeAll: true", []string{"spec.iptables", "only be set when spec.mode is iptables"}},
 			{"ipvs-settings-in-iptables-mode", "mode: iptables\nipvs:\n  scheduler: rr", []string{"spec.ipvs", "only be set when spec.mode is ipvs"}},
 			{"nftables-settings-in-ipvs-mode", "mode: ipvs\nnftables:\n  syncPeriod: 1m", []string{"spec.nftables", "only be set when spec.mode is nftables"}},
+			{"kube-proxy-mode-change-in-nftables-mode", "mode: nftables\nkubeProxy:\n  mode: ipvs", []string{"spec.kubeProxy", "only be set when spec.mode is kube-proxy"}},
+			{"kube-proxy-mode-change-to-userspace", "mode: kube-proxy\nkubeProxy:\n  mode: userspace", []string{"spec.kubeProxy.mode", `Unsupported value: "userspace"`, `"iptables", "nftables", "ipvs"`}},
+			{"kube-proxy-mode-change-without-mode", "mode: kube-proxy\nkubeProxy:\n  bridge: nftables", []string{"spec.kubeProxy.mode", "Required value"}},
 			// An IPv4-mapped IPv6 network is no network a dataplane can
 			// program (it used to panic the nftables backend).
 			{"cluster-cidr-ipv4-mapped", "mode: nftables\nclusterCIDRs: ['::ffff:10.0.0.0/104']", []string{"spec.clusterCIDRs[0]", "IPv4-mapped"}},
@@ -306,6 +309,7 @@ func TestAPI(t *testing.T) {
 		}
 		pc.Status = proxyv1alpha1.ProxyConfigStatus{
 			Phase: proxyv1alpha1.RolloutProgressing, TargetMode: proxyv1alpha1.ModeIPTables, Selector: "proxy-mode=iptables",
+			KubeProxyBridge: &proxyv1alpha1.KubeProxyBridgeStatus{Stage: proxyv1alpha1.BridgeHandingBack, From: "iptables", To: "nftables", Bridge: "nftables", ConfigMap: "kube-system/kube-proxy:config.conf"},
 			Nodes:      proxyv1alpha1.NodeCounts{Selected: 5, Updated: 3, Ready: 5, Failed: 1, Summary: "3/5"},
 			Conditions: []metav1.Condition{{Type: proxyv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "RolloutInProgress", Message: "3 of 5 nodes updated", LastTransitionTime: metav1.Now()}},
 		}
@@ -323,7 +327,7 @@ func TestAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expectTable(t, out, []string{"NAME", "MODE", "PHASE", "UPDATED", "READY", "AGE", "TARGET", "FAILED", "SELECTOR"}, []string{"iptables", "Progressing", "3/5", "False", "1", "proxy-mode=iptables"})
+		expectTable(t, out, []string{"NAME", "MODE", "PHASE", "UPDATED", "READY", "AGE", "TARGET", "FAILED", "SELECTOR", "BRIDGE"}, []string{"iptables", "Progressing", "3/5", "False", "1", "proxy-mode=iptables", "HandingBack"})
 
 		pn := &proxyv1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: proxyv1alpha1.ProxyNodeSpec{DesiredMode: proxyv1alpha1.ModeNFTables}}
 		if err := env.Client.Create(ctx, pn); err != nil {

@@ -460,25 +460,7 @@ func (k *midSwitchKiller) require() {
 // removed.
 func checkFailedTakeover(t *testing.T, c *Cluster, cl client.Client) {
 	ctx := t.Context()
-	setAgentArg := func(add bool) {
-		t.Helper()
-		ds, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Get(ctx, "proxyshift-agent", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctr := &ds.Spec.Template.Spec.Containers[0]
-		ctr.Args = slices.DeleteFunc(ctr.Args, func(a string) bool { return a == "--test-fail-verify" })
-		if add {
-			ctr.Args = append(ctr.Args, "--test-fail-verify")
-		}
-		if _, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", "daemonset/proxyshift-agent", "--timeout=3m"); err != nil {
-			t.Fatalf("agent DaemonSet rollout: %v\n%s", err, out)
-		}
-	}
-	setAgentArg(true)
+	setAgentArg(t, c, "--test-fail-verify", true)
 	traffic := startPodTraffic(t, c)
 	const name = "fails-verify"
 	s := rollout(t, c, cl, name, v1alpha1.ModeNFTables, nil)
@@ -507,7 +489,30 @@ func checkFailedTakeover(t *testing.T, c *Cluster, cl client.Client) {
 	if err := cl.Delete(ctx, &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 		t.Fatal(err)
 	}
-	setAgentArg(false)
+	setAgentArg(t, c, "--test-fail-verify", false)
+}
+
+// setAgentArg adds arg to the agent DaemonSet's container arguments (or
+// removes it) and waits for the DaemonSet's roll. It works in a test's
+// cleanup too.
+func setAgentArg(t *testing.T, c *Cluster, arg string, add bool) {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	ds, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Get(ctx, "proxyshift-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := &ds.Spec.Template.Spec.Containers[0]
+	ctr.Args = slices.DeleteFunc(ctr.Args, func(a string) bool { return a == arg })
+	if add {
+		ctr.Args = append(ctr.Args, arg)
+	}
+	if _, err := c.Kube.AppsV1().DaemonSets("proxyshift-system").Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", "daemonset/proxyshift-agent", "--timeout=3m"); err != nil {
+		t.Fatalf("agent DaemonSet rollout: %v\n%s", err, out)
+	}
 }
 
 // debugState is what a person would look at when a rollout does not

@@ -71,3 +71,34 @@ func ApplyMode(ctx context.Context, cl client.Client, name string, mode v1alpha1
 	}
 	return 0, fmt.Errorf("ProxyConfig %s: updates kept conflicting", name)
 }
+
+// ApplyKubeProxyMode creates the ProxyConfig name (NewProxyConfig's
+// rollout policy) or changes the existing one to move kube-proxy itself
+// into mode, bridged by proxyshift (spec.kubeProxy), returning the
+// generation that carries it.
+func ApplyKubeProxyMode(ctx context.Context, cl client.Client, name string, mode v1alpha1.ProxyMode) (int64, error) {
+	for range 10 {
+		pc := &v1alpha1.ProxyConfig{}
+		err := cl.Get(ctx, client.ObjectKey{Name: name}, pc)
+		create := apierrors.IsNotFound(err)
+		if create {
+			pc = NewProxyConfig(name, v1alpha1.ModeKubeProxy)
+		} else if err != nil {
+			return 0, err
+		}
+		SetMode(pc, v1alpha1.ModeKubeProxy)
+		pc.Spec.KubeProxy = &v1alpha1.KubeProxyModeChange{Mode: mode}
+		if create {
+			err = cl.Create(ctx, pc)
+		} else {
+			err = cl.Update(ctx, pc)
+		}
+		if apierrors.IsConflict(err) {
+			continue
+		} else if err != nil {
+			return 0, err
+		}
+		return pc.Generation, nil
+	}
+	return 0, fmt.Errorf("ProxyConfig %s: updates kept conflicting", name)
+}

@@ -79,6 +79,8 @@ func TestRealCluster(t *testing.T) {
 	}
 	t.Run("a takeover that fails verification goes back to kube-proxy", func(t *testing.T) { checkFailedTakeover(t, c, proxyshiftClient(t, c)) })
 	t.Run("kube-proxy → nftables → iptables → kube-proxy under traffic", func(t *testing.T) { checkMigration(t, c, proxyshiftClient(t, c)) })
+	t.Run("kube-proxy iptables → nftables → iptables, bridged, under traffic", func(t *testing.T) { checkKubeProxyModeChange(t, c, proxyshiftClient(t, c)) })
+	t.Run("a failed change of kube-proxy's mode goes back to iptables", func(t *testing.T) { checkFailedKubeProxyModeChange(t, c, proxyshiftClient(t, c)) })
 
 	// What Leftovers finds while the cluster runs: each node's processes
 	// (its PID namespace) and cgroup, the namespaces.

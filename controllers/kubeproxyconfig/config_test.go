@@ -1,0 +1,135 @@
+package kubeproxyconfig
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// kubeadmConfig is shaped like the file kubeadm v1.37 writes (shortened).
+const kubeadmConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+clusterCIDR: 198.18.64.0/18,2001:db8:1::/64
+# a comment a person wrote
+iptables:
+  masqueradeAll: false
+ipvs:
+  scheduler: ""
+kind: KubeProxyConfiguration
+mode: ""
+nodePortAddresses:
+- primary
+`
+
+func configMap(text string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy"}, Data: map[string]string{"config.conf": text}}
+}
+
+func TestParse(t *testing.T) {
+	c, err := Parse(kubeadmConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != v1alpha1.ModeIPTables {
+		t.Errorf("mode %q, want iptables for the empty mode", c.Mode)
+	}
+	if len(c.ClusterCIDRs) != 2 || c.ClusterCIDRs[1] != "2001:db8:1::/64" {
+		t.Errorf("cluster CIDRs %v", c.ClusterCIDRs)
+	}
+	if len(c.NodePortAddresses) != 1 || c.NodePortAddresses[0] != "primary" {
+		t.Errorf("nodePortAddresses %v", c.NodePortAddresses)
+	}
+	for _, bad := range []string{"kind: KubeProxyConfiguration\nmode: kernelspace\n", "kind: ConfigMap\n", "{{"} {
+		if _, err := Parse(bad); err == nil {
+			t.Errorf("Parse(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestSetMode(t *testing.T) {
+	out, err := SetMode(kubeadmConfig, v1alpha1.ModeNFTables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Replace(kubeadmConfig, `mode: ""`, "mode: nftables", 1); out != want {
+		t.Errorf("SetMode changed more than the mode line:\n%s", out)
+	}
+	noMode := strings.Replace(kubeadmConfig, "mode: \"\"\n", "", 1)
+	out, err = SetMode(noMode, v1alpha1.ModeIPVS)
+	if err != nil || !strings.HasSuffix(out, "mode: ipvs\n") {
+		t.Errorf("SetMode without a mode line: %q, %v", out, err)
+	}
+	if _, err := SetMode(`{"kind":"KubeProxyConfiguration"}`, v1alpha1.ModeIPVS); err == nil {
+		t.Error("SetMode edited a one-line JSON file")
+	}
+	// A nested mode key is not the top-level one.
+	if out, err := SetMode(kubeadmConfig+"winkernel:\n  mode: x\n", v1alpha1.ModeNFTables); err != nil || !strings.Contains(out, "  mode: x") {
+		t.Errorf("SetMode touched a nested mode: %q, %v", out, err)
+	}
+}
+
+func TestWithModeRoundTrip(t *testing.T) {
+	cm := configMap(kubeadmConfig)
+	changed, err := WithMode(cm, "config.conf", v1alpha1.ModeNFTables)
+	if err != nil || changed == nil {
+		t.Fatalf("WithMode nftables: %v, %v", changed, err)
+	}
+	if c, _ := Read(changed, "config.conf"); c.Mode != v1alpha1.ModeNFTables {
+		t.Errorf("mode after the change %s", c.Mode)
+	}
+	if changed.Annotations[AnnotationPrevious] != kubeadmConfig {
+		t.Error("the previous file was not kept")
+	}
+	if m, ok := PreviousMode(changed); !ok || m != v1alpha1.ModeIPTables {
+		t.Errorf("PreviousMode %s %v", m, ok)
+	}
+	if again, err := WithMode(changed, "config.conf", v1alpha1.ModeNFTables); err != nil || again != nil {
+		t.Errorf("a second WithMode to the same mode writes: %v, %v", again, err)
+	}
+	// Via another mode, then back: the file is restored byte for byte.
+	ipvs, err := WithMode(changed, "config.conf", v1alpha1.ModeIPVS)
+	if err != nil || ipvs.Annotations[AnnotationPrevious] != kubeadmConfig {
+		t.Fatalf("WithMode ipvs: %v (previous kept: %v)", err, ipvs != nil && ipvs.Annotations[AnnotationPrevious] == kubeadmConfig)
+	}
+	back, err := WithMode(ipvs, "config.conf", v1alpha1.ModeIPTables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Data["config.conf"] != kubeadmConfig {
+		t.Errorf("not restored byte for byte:\n%s", back.Data["config.conf"])
+	}
+	if _, ok := back.Annotations[AnnotationPrevious]; ok {
+		t.Error("the previous-config annotation stayed after the restore")
+	}
+	if _, ok := back.Annotations[AnnotationWritten]; ok {
+		t.Error("the digest annotation stayed after the restore")
+	}
+}
+
+func TestWithModeKeepsAPersonsEdit(t *testing.T) {
+	changed, _ := WithMode(configMap(kubeadmConfig), "config.conf", v1alpha1.ModeNFTables)
+	changed.Data["config.conf"] = strings.Replace(changed.Data["config.conf"], "bindAddress: 0.0.0.0", "bindAddress: 198.18.0.1", 1)
+	back, err := WithMode(changed, "config.conf", v1alpha1.ModeIPTables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := back.Data["config.conf"]
+	if !strings.Contains(text, "bindAddress: 198.18.0.1") || !strings.Contains(text, "mode: iptables") {
+		t.Errorf("a person's edit was lost or the mode not set back:\n%s", text)
+	}
+}
+
+func TestWithModeErrors(t *testing.T) {
+	if _, err := WithMode(configMap(kubeadmConfig), "other.conf", v1alpha1.ModeNFTables); err == nil || !strings.Contains(err.Error(), `no key "other.conf"`) {
+		t.Errorf("missing key: %v", err)
+	}
+	if _, err := WithMode(configMap("kind: KubeProxyConfiguration\nmode: kernelspace\n"), "config.conf", v1alpha1.ModeNFTables); err == nil {
+		t.Error("a Windows mode was changed")
+	}
+}
