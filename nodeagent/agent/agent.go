@@ -257,17 +257,17 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		})
 	}
 	sw := switcher.New(switcher.Config{
-		Fanout:     fanout,
-		Backend:    a.backend,
-		Modes:      opts.modes(),
-		Prepare:    gatherer,
-		Prober:     &probe.Prober{NS: ns, Attempts: 2},
-		NodeIPs:    a.probeIPs,
-		KubeProxy:  &kubeproxy.Node{NS: ns, MetricsURL: opts.KubeProxyMetricsURL},
-		Report:     phases,
-		Events:     told,
-		StopAt:     opts.TestStopAtPhase,
-		FailVerify: opts.TestFailVerify,
+		Fanout:           fanout,
+		Backend:          a.backend,
+		Modes:            opts.modes(),
+		Prepare:          gatherer,
+		Prober:           &probe.Prober{NS: ns, Attempts: 2},
+		NodeIPs:          a.probeIPs,
+		KubeProxy:        &kubeproxy.Node{NS: ns, MetricsURL: opts.KubeProxyMetricsURL},
+		Report:           phases,
+		Events:           told,
+		StopAt:           opts.TestStopAtPhase,
+		FailVerify:       opts.TestFailVerify,
 		FailHandBackInto: opts.TestFailHandBackInto,
 	}, a.current().desire)
 	a.sw = sw

@@ -310,8 +310,8 @@ func TestAPI(t *testing.T) {
 		pc.Status = proxyv1alpha1.ProxyConfigStatus{
 			Phase: proxyv1alpha1.RolloutProgressing, TargetMode: proxyv1alpha1.ModeIPTables, Selector: "proxy-mode=iptables",
 			KubeProxyBridge: &proxyv1alpha1.KubeProxyBridgeStatus{Stage: proxyv1alpha1.BridgeHandingBack, From: "iptables", To: "nftables", Bridge: "nftables", ConfigMap: "kube-system/kube-proxy:config.conf"},
-			Nodes:      proxyv1alpha1.NodeCounts{Selected: 5, Updated: 3, Ready: 5, Failed: 1, Summary: "3/5"},
-			Conditions: []metav1.Condition{{Type: proxyv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "RolloutInProgress", Message: "3 of 5 nodes updated", LastTransitionTime: metav1.Now()}},
+			Nodes:           proxyv1alpha1.NodeCounts{Selected: 5, Updated: 3, Ready: 5, Failed: 1, Summary: "3/5"},
+			Conditions:      []metav1.Condition{{Type: proxyv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "RolloutInProgress", Message: "3 of 5 nodes updated", LastTransitionTime: metav1.Now()}},
 		}
 		if err := env.Client.Status().Update(ctx, pc); err != nil {
 			t.Fatal(err)
