@@ -125,12 +125,14 @@ func (ns *NetNS) AddAddr(name string, addr netip.Prefix) error {
 	return nil
 }
 
+// addAddr adds addr to link. An IPv6 address skips duplicate address
+// detection (nodad), so it is usable at once.
 func addAddr(h *netlink.Handle, link netlink.Link, addr netip.Prefix) error {
-	if !addr.Addr().Is4() {
-		return fmt.Errorf("address %s: the lab is IPv4 only", addr)
+	a := &netlink.Addr{IPNet: ipNet(addr)}
+	if addr.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
 	}
-	ipnet := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
-	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet}); err != nil {
+	if err := h.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add address %s: %w", addr, err)
 	}
 	return nil
@@ -162,8 +164,13 @@ func (ns *NetNS) SetMaster(name, bridge string) error {
 	return nil
 }
 
-// AddRoute routes dst via the gateway via in ns; dst 0.0.0.0/0 is the
-// default route.
+// ipNet is p as net.IPNet, IPv4 or IPv6.
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// AddRoute routes dst via the gateway via in ns; dst 0.0.0.0/0 (::/0) is
+// the default route. Both are IPv4 or both IPv6.
 func (ns *NetNS) AddRoute(dst netip.Prefix, via netip.Addr) error {
 	h, err := ns.handle()
 	if err != nil {
@@ -171,7 +178,7 @@ func (ns *NetNS) AddRoute(dst netip.Prefix, via netip.Addr) error {
 	}
 	defer h.Close()
 	route := &netlink.Route{
-		Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+		Dst: ipNet(dst),
 		Gw:  via.AsSlice(),
 	}
 	if err := h.RouteAdd(route); err != nil {
