@@ -65,8 +65,18 @@ func RequireIPv6(t testing.TB) {
 // filtering off, which new namespaces otherwise inherit from the host
 // and which would drop service traffic whose reply path differs from its
 // request path. forward sets IPv4 and IPv6 forwarding (new namespaces may
-// inherit it from the host, so it is set either way). On a kernel
+// inherit it from the host, so it is set either way), and in a namespace
+// that forwards, turns the ICMPv6 rate limit off (see below). On a kernel
 // without IPv6 it sets the IPv4 settings only.
+//
+// The ICMPv6 errors a node sends to one host (the port unreachable of a
+// reject) share a token bucket per host (net.ipv6.icmp.ratelimit, 1 s,
+// burst 6) with the redirects the node sends for that host's packets; a
+// node in IPVS mode on a bridge with br_netfilter sends such redirects
+// for a client's service traffic, so a reject right after a burst of it
+// went unanswered (a timeout instead of refused). The limit is the
+// kernel's, not a proxy's; with it off the suite checks the reject
+// itself. (The IPVS backend's README has the finding.)
 func (ns *NetNS) dualStack(forward bool) error {
 	fwd := "0"
 	if forward {
@@ -84,6 +94,9 @@ func (ns *NetNS) dualStack(forward bool) error {
 				[2]string{"net/ipv6/conf/" + conf + "/accept_dad", "0"},
 				[2]string{"net/ipv6/conf/" + conf + "/accept_ra", "0"},
 				[2]string{"net/ipv6/conf/" + conf + "/forwarding", fwd})
+		}
+		if forward {
+			settings = append(settings, [2]string{"net/ipv6/icmp/ratelimit", "0"})
 		}
 	}
 	for _, s := range settings {
