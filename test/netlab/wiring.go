@@ -1,7 +1,6 @@
 package netlab
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -213,28 +212,18 @@ func (ns *NetNS) Sysctl(key string) (string, error) {
 	return strings.TrimSpace(string(v)), nil
 }
 
-// ipv4Only turns IPv6 off in ns, for links created from now on ("default")
-// and existing ones ("all"), so the lab sends no IPv6 packets at all (no
-// router solicitations, no duplicate address detection): the lab has no
-// IPv6 range to use. It also turns reverse-path filtering off, which new
+// ipv4Only turns IPv6 off in ns (DisableIPv6), so it sends no IPv6
+// packets at all (no router solicitations, no duplicate address
+// detection): what the namespaces of programs outside tests (CreateNetNS:
+// the local cluster, the demo, benchmarks) are, the test labs being
+// dual-stack. It also turns reverse-path filtering off, which new
 // namespaces otherwise inherit from the host and which would drop
 // service traffic whose reply path differs from its request path.
 func (ns *NetNS) ipv4Only() error {
-	settings := [][2]string{
-		{"net/ipv4/conf/all/rp_filter", "0"},
-		{"net/ipv4/conf/default/rp_filter", "0"},
-	}
-	if _, err := os.Stat("/proc/sys/net/ipv6"); err == nil {
-		settings = append(settings,
-			[2]string{"net/ipv6/conf/all/disable_ipv6", "1"},
-			[2]string{"net/ipv6/conf/default/disable_ipv6", "1"})
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	for _, s := range settings {
-		if err := ns.SetSysctl(s[0], s[1]); err != nil {
+	for _, key := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		if err := ns.SetSysctl(key, "0"); err != nil {
 			return err
 		}
 	}
-	return nil
+	return ns.DisableIPv6()
 }
