@@ -267,12 +267,18 @@ func (p *phases) since(i int) (report.Switch, []v1alpha1.NodePhase, int) {
 	return p.seen[len(p.seen)-1], walked, len(p.seen)
 }
 
+// switchTimeout bounds one switch.
+const switchTimeout = 3 * time.Minute
+
 // waitActive waits until mode serves, and fails the test at once if the
 // switch fails. It fails the test unless the switch walked every phase in
 // order, reported once each.
 func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 	n.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous: under emulation on a busy host, the dual-stack switch
+	// ipvs -> iptables (both families, both iptables variants read and
+	// swept) took 130 s in one run, where 60 s had been the bound.
+	deadline := time.Now().Add(switchTimeout)
 	for {
 		s, walked, seen := n.rep.since(n.seen)
 		switch {
@@ -286,7 +292,7 @@ func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 		case s.Phase == v1alpha1.NodeFailed:
 			n.t.Fatalf("the switch to %s failed: %s: %s", mode, s.Reason, s.Message)
 		case time.Now().After(deadline):
-			n.t.Fatalf("%s not active within 60s; last state %+v, phases %v", mode, s, walked)
+			n.t.Fatalf("%s not active within %v; last state %+v, phases %v", mode, switchTimeout, s, walked)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
