@@ -32,6 +32,11 @@ const (
 	// virtual service), which it left alone; remove that program's
 	// object, or the Service, to resolve it.
 	ReasonForeignObjects = "ForeignObjects"
+	// ReasonFamilyMissing: the last sync programmed the IP family the
+	// node carries and none of the Services' ports of a family it lacks
+	// (IPv6 turned off by sysctl or at boot); turn that family on, or
+	// make those Services single-stack, to resolve it.
+	ReasonFamilyMissing = "FamilyMissing"
 	// ReasonSyncFailed: the last sync failed; the kernel keeps the last
 	// good rules. The message has the kernel's error.
 	ReasonSyncFailed = "SyncFailed"

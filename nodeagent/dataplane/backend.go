@@ -78,7 +78,8 @@ type Backend interface {
 
 // Warning is an error of a Sync that programmed everything but the
 // objects it names: another program's, in the way of the model, which the
-// backend left alone. The sync is done all the same: callers do not retry
+// backend left alone (or the service ports of an IP family the node does
+// not carry, see FamilyMissingError). The sync is done all the same: callers do not retry
 // it, and report the warning (Degraded, while the node serves).
 type Warning interface {
 	error

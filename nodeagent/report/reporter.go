@@ -261,6 +261,9 @@ func conditions(sw Switch, s *Sync) (ready, degraded metav1.Condition) {
 		case syncErr:
 			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonSyncFailed
 			degraded.Message = fmt.Sprintf("the last sync failed (the kernel keeps the last good rules): %v", s.Err)
+		case s != nil && s.Warning != nil && onlyMissingFamilies(s.Warning):
+			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonFamilyMissing
+			degraded.Message = fmt.Sprintf("the last sync programmed every IP family the node has, and no Service port of a family it lacks: %v", s.Warning)
 		case s != nil && s.Warning != nil:
 			degraded.Status, degraded.Reason = metav1.ConditionTrue, contract.ReasonForeignObjects
 			degraded.Message = fmt.Sprintf("the last sync programmed everything but what another program holds, left alone: %v", s.Warning)
@@ -350,4 +353,16 @@ func sameButSyncTime(a, b v1alpha1.ProxyNodeStatus) bool {
 	a.LastSyncTime, b.LastSyncTime = nil, nil
 	a.LastSyncDuration, b.LastSyncDuration = nil, nil
 	return apiequality.Semantic.DeepEqual(a, b)
+}
+
+// onlyMissingFamilies says whether every warning in err is a
+// *dataplane.FamilyMissingError.
+func onlyMissingFamilies(err error) bool {
+	warnings, _ := dataplane.SplitWarnings(err)
+	for _, w := range warnings {
+		if _, ok := w.(*dataplane.FamilyMissingError); !ok {
+			return false
+		}
+	}
+	return len(warnings) > 0
 }

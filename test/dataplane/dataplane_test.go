@@ -29,9 +29,9 @@ type backend struct {
 	// relies on that) and registers with t.Cleanup whatever the object
 	// holds (netlink sockets and the like).
 	new func(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend
-	// drift damages what the backend programmed in node, by hand, the way
-	// an administrator or another program might.
-	drift func(t *testing.T, node *netlab.NetNS)
+	// drift damages what the backend programmed in node for family fam,
+	// by hand, the way an administrator or another program might.
+	drift func(t *testing.T, node *netlab.NetNS, fam ipFamily)
 	// dump renders what the backend programmed in node as the kernel
 	// reports it; every failing check logs it.
 	dump func(node *netlab.NetNS) string
@@ -115,18 +115,18 @@ const (
 // sends it local-only traffic gets an answer from it and is caught).
 type pods struct{ a, b, c, d *netlab.Pod }
 
-// services builds the suite's service ports.
-func services(p pods) map[model.ServicePortName]*model.ServicePort {
+// services builds the suite's service ports in family fam.
+func services(p pods, fam ipFamily) map[model.ServicePortName]*model.ServicePort {
 	svc := func(name string, proto corev1.Protocol, ip netip.Addr, port int32, eps ...*netlab.Pod) *model.ServicePort {
 		sp := &model.ServicePort{
 			Name:      model.ServicePortName{Namespace: "suite", Name: name, Port: "p", Protocol: proto},
-			Family:    corev1.IPv4Protocol,
-			ClusterIP: ip,
+			Family:    fam.model,
+			ClusterIP: fam.addr(ip),
 			Protocol:  proto,
 			Port:      port,
 		}
 		for _, pod := range eps {
-			sp.Endpoints = append(sp.Endpoints, endpoint(pod, pod != p.d))
+			sp.Endpoints = append(sp.Endpoints, endpoint(fam, pod, pod != p.d))
 		}
 		return sp
 	}
@@ -137,9 +137,9 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 	np := svc("nodeport", corev1.ProtocolTCP, nodePortIP, 80, p.a, p.b)
 	np.NodePort = nodePort
 	lb := svc("lb", corev1.ProtocolTCP, lbClusterIP, 80, p.a, p.b)
-	lb.ExternalIPs = []netip.Addr{externalIP}
-	lb.LoadBalancerIPs = []netip.Addr{lbIP}
-	lb.LoadBalancerSourceRanges = []netip.Prefix{netip.PrefixFrom(netlab.ClientIP, 32)}
+	lb.ExternalIPs = []netip.Addr{fam.addr(externalIP)}
+	lb.LoadBalancerIPs = []netip.Addr{fam.addr(lbIP)}
+	lb.LoadBalancerSourceRanges = []netip.Prefix{fam.prefix(netip.PrefixFrom(netlab.ClientIP, 32))}
 	local := svc("local", corev1.ProtocolTCP, localIP, 80, p.a, p.d)
 	local.NodePort = localNodePort
 	local.ExternalPolicyLocal = true
@@ -163,7 +163,7 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 	} {
 		out[sp.Name] = sp
 	}
-	for name, sp := range claimed(p) {
+	for name, sp := range claimed(p, fam) {
 		out[name] = sp
 	}
 	return out
@@ -176,20 +176,21 @@ func services(p pods) map[model.ServicePortName]*model.ServicePort {
 // victim's cluster IP stays the victim's, the node's address the node's.
 // Without the model's claims the hijacker, first in name order, would win
 // both.
-func claimed(p pods) map[model.ServicePortName]*model.ServicePort {
+func claimed(p pods, fam ipFamily) map[model.ServicePortName]*model.ServicePort {
 	tr := model.NewTracker("node-1", nil)
-	tr.SetNodeAddrs([]netip.Addr{netlab.NodeIP})
+	tr.SetNodeAddrs([]netip.Addr{fam.addr(netlab.NodeIP)})
 	add := func(name string, clusterIP netip.Addr, ports []int32, pod *netlab.Pod, ext ...netip.Addr) {
+		clusterIP = fam.addr(clusterIP)
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "suite", Name: name}, Spec: corev1.ServiceSpec{
-			ClusterIP: clusterIP.String(), ClusterIPs: []string{clusterIP.String()}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			ClusterIP: clusterIP.String(), ClusterIPs: []string{clusterIP.String()}, IPFamilies: []corev1.IPFamily{fam.model},
 		}}
 		for _, e := range ext {
-			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, e.String())
+			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, fam.addr(e).String())
 		}
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Namespace: "suite", Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{pod.IP.String()}, NodeName: new("node-1")}},
+			AddressType: discoveryv1.AddressType(fam.model),
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{fam.addr(pod.IP).String()}, NodeName: new("node-1")}},
 		}
 		for _, port := range ports {
 			pname := fmt.Sprint("p", port)
@@ -202,37 +203,47 @@ func claimed(p pods) map[model.ServicePortName]*model.ServicePort {
 	add("victim", victimIP, []int32{80}, p.a)
 	add("hijacker", hijackerIP, []int32{80, sshPort}, p.d, victimIP, netlab.NodeIP, hijackerExt)
 	snap, _ := tr.Snapshot()
-	return snap.Ports[corev1.IPv4Protocol]
+	return snap.Ports[fam.model]
 }
 
-func endpoint(p *netlab.Pod, local bool) model.Endpoint {
+// endpoint is pod p as an endpoint in family fam, on this node if local.
+func endpoint(fam ipFamily, p *netlab.Pod, local bool) model.Endpoint {
 	node := "node-1"
 	if !local {
 		node = "node-2"
 	}
-	return model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: node, IsLocal: local}
+	return model.Endpoint{IP: fam.addr(p.IP), Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: node, IsLocal: local}
 }
 
+// snapshot is a model holding ports, in their family (that of any of
+// them; the suite's are all of one).
 func snapshot(ports map[model.ServicePortName]*model.ServicePort) *model.Snapshot {
-	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: ports}}
+	family := corev1.IPv4Protocol
+	for _, sp := range ports {
+		family = sp.Family
+		break
+	}
+	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{family: ports}}
 }
 
 func TestDataplane(t *testing.T) {
 	netlab.RequireRoot(t)
 	for _, row := range backends {
-		t.Run(row.name, func(t *testing.T) { runSuite(t, row) })
+		t.Run(row.name, func(t *testing.T) { runSuite(t, row, ipv4) })
 	}
 }
 
-// runSuite runs every check against one backend, in one lab. The checks
-// run in order and share the programmed state; the last three (restart,
-// drift, cleanup) change it on purpose.
-func runSuite(t *testing.T, row backend) {
+// runSuite runs every check against one backend, in one lab, with
+// services and traffic of family fam. The checks run in order and share
+// the programmed state; the last three (restart, drift, cleanup) change
+// it on purpose.
+func runSuite(t *testing.T, row backend, fam ipFamily) {
 	lab := netlab.NewLab(t)
 	node := lab.Node
 	row.skip(t, node.NS)
 	p := pods{a: node.AddPod(t, "pod-a"), b: node.AddPod(t, "pod-b"), c: node.AddPod(t, "pod-c"), d: node.AddPod(t, "pod-d")}
-	ports := services(p)
+	ports := services(p, fam)
+	cfg := fam.nodeConfig()
 	ctx := t.Context()
 
 	// check runs one check as a subtest and, if it fails, logs what the
@@ -248,7 +259,7 @@ func runSuite(t *testing.T, row backend) {
 		})
 	}
 
-	b := row.new(t, node.NS, nodeConfig)
+	b := row.new(t, node.NS, cfg)
 	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Full: true}); err != nil {
 		t.Fatalf("first full sync: %v\n%s", err, row.dump(node.NS))
 	}
@@ -263,7 +274,8 @@ func runSuite(t *testing.T, row backend) {
 
 	client, other := lab.Client.NS, lab.OtherClient.NS
 	all := []string{"pod-a", "pod-b", "pod-c"}
-	svcAddr := func(ip netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(ip, uint16(port)) }
+	// svcAddr is a suite address (as written, IPv4) and port in fam.
+	svcAddr := func(ip netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(fam.addr(ip), uint16(port)) }
 	web := svcAddr(webIP, 80)
 
 	check("cluster-ip", func(t *testing.T) {
@@ -302,7 +314,7 @@ func runSuite(t *testing.T, row backend) {
 		lb := svcAddr(lbIP, 80)
 		expectSpread(t, client, netlab.TCP, lb, []string{"pod-a", "pod-b"})
 		if got, err := other.Request(netlab.TCP, lb, failTimeout); err == nil {
-			t.Errorf("client %s outside the source ranges reached %s: answered by %s", netlab.OtherClientIP, lb, got)
+			t.Errorf("client %s outside the source ranges reached %s: answered by %s", fam.addr(netlab.OtherClientIP), lb, got)
 		} else {
 			t.Logf("client outside the source ranges: %v", err)
 		}
@@ -346,7 +358,7 @@ func runSuite(t *testing.T, row backend) {
 		full := sp.Endpoints
 		t.Cleanup(func() { sp.Endpoints = full })
 
-		sp.Endpoints = []model.Endpoint{endpoint(p.a, true), endpoint(p.c, true)}
+		sp.Endpoints = []model.Endpoint{endpoint(fam, p.a, true), endpoint(fam, p.c, true)}
 		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snapshot(ports), Changed: changed}); err != nil {
 			t.Fatalf("sync without pod-b: %v", err)
 		}
@@ -376,7 +388,7 @@ func runSuite(t *testing.T, row backend) {
 				t.Errorf("close the old backend: %v", err)
 			}
 		}
-		b = row.new(t, node.NS, nodeConfig)
+		b = row.new(t, node.NS, cfg)
 		expectSpread(t, client, netlab.TCP, web, all)
 		if got, err := b.Programmed(ctx); err != nil || got != before {
 			t.Errorf("new backend before its first sync reads %+v, %v; the old one programmed %+v", got, err, before)
@@ -398,7 +410,7 @@ func runSuite(t *testing.T, row backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		row.drift(t, node.NS)
+		row.drift(t, node.NS, fam)
 		damaged, progErr := b.Programmed(ctx)
 		_, reqErr := client.Request(netlab.TCP, web, failTimeout)
 		t.Logf("after drift: programmed %+v (err %v), request to %s: %v", damaged, progErr, web, reqErr)
@@ -433,7 +445,7 @@ func runSuite(t *testing.T, row backend) {
 			}
 		}
 		if got, err := client.Request(netlab.UDP, svcAddr(dnsIP, 53), failTimeout); err == nil {
-			t.Errorf("UDP %s:53 still answered by %s after cleanup", dnsIP, got)
+			t.Errorf("UDP %s still answered by %s after cleanup", svcAddr(dnsIP, 53), got)
 		}
 	})
 }

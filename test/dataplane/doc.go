@@ -17,6 +17,10 @@
 // through the model's Tracker) has its own labs in topology_test.go.
 //
 // The suite is one table with a row per backend, so every backend is held
-// to the same behaviour; see backends in dataplane_test.go. The package has
-// no non-test code.
+// to the same behaviour; see backends in dataplane_test.go. It runs once
+// over IPv4 (TestDataplane) and once over IPv6 (TestDataplaneIPv6), with
+// the same services at the IPv6 twins of their addresses in the
+// dual-stack lab (family_test.go); TestNodeWithoutIPv6 checks that a node
+// with IPv6 turned off serves IPv4 and reports the family it lacks. The
+// package has no non-test code.
 package dataplane

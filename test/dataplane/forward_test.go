@@ -136,7 +136,7 @@ func forwardPorts(p pods) map[model.ServicePortName]*model.ServicePort {
 		{Name: model.ServicePortName{Namespace: "suite", Name: "dns", Port: "p", Protocol: corev1.ProtocolUDP}, ClusterIP: dnsIP, Protocol: corev1.ProtocolUDP, Port: 53},
 	} {
 		sp.Family = corev1.IPv4Protocol
-		sp.Endpoints = []model.Endpoint{endpoint(p.a, true), endpoint(p.b, true)}
+		sp.Endpoints = []model.Endpoint{endpoint(ipv4, p.a, true), endpoint(ipv4, p.b, true)}
 		out[sp.Name] = sp
 	}
 	return out

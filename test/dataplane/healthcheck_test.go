@@ -56,7 +56,7 @@ func TestHealthCheckNodePortThroughRules(t *testing.T) {
 					ExternalPolicyLocal: true, HealthCheckNodePort: checkedHCPort,
 				}
 				for _, pod := range eps {
-					sp.Endpoints = append(sp.Endpoints, endpoint(pod, pod != p.d))
+					sp.Endpoints = append(sp.Endpoints, endpoint(ipv4, pod, pod != p.d))
 				}
 				snap := snapshot(map[model.ServicePortName]*model.ServicePort{sp.Name: sp})
 				if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: snap, Full: true}); err != nil {

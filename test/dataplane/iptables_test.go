@@ -36,13 +36,17 @@ func iptablesRow(v iptables.Variant) backend {
 			}
 			return b
 		},
-		drift: func(t *testing.T, node *netlab.NetNS) { iptablesDrift(t, node, v) },
+		drift: func(t *testing.T, node *netlab.NetNS, fam ipFamily) { iptablesDrift(t, node, v, fam) },
 		dump: func(node *netlab.NetNS) string {
-			out, err := iptablesCmd(node, v, "save")
-			if err != nil {
-				return err.Error()
+			var dump strings.Builder
+			for _, fam := range []ipFamily{ipv4, ipv6} {
+				out, err := familyCmd(node, fam, v, "save")
+				if err != nil {
+					out = err.Error() + "\n"
+				}
+				dump.WriteString(out)
 			}
-			return out
+			return dump.String()
 		},
 	}
 }
@@ -63,7 +67,16 @@ func lookSbin(name string) (string, error) {
 // iptablesCmd runs iptables-<variant>[-tool] with args in node and returns
 // its output.
 func iptablesCmd(node *netlab.NetNS, v iptables.Variant, tool string, args ...string) (string, error) {
+	return familyCmd(node, ipv4, v, tool, args...)
+}
+
+// familyCmd runs the command of family fam, iptables-<variant>[-tool] or
+// ip6tables-<variant>[-tool], with args in node and returns its output.
+func familyCmd(node *netlab.NetNS, fam ipFamily, v iptables.Variant, tool string, args ...string) (string, error) {
 	name := "iptables-" + string(v)
+	if fam.model == ipv6.model {
+		name = "ip6tables-" + string(v)
+	}
 	if tool != "" {
 		name += "-" + tool
 	}
@@ -83,22 +96,23 @@ func iptablesCmd(node *netlab.NetNS, v iptables.Variant, tool string, args ...st
 	return string(out), nil
 }
 
-// iptablesDrift damages the programmed rules as an administrator might:
-// it deletes the jump from nat PREROUTING into proxyshift's chains (the
-// backend inserted it first) and flushes the chain of service web.
-func iptablesDrift(t *testing.T, node *netlab.NetNS, v iptables.Variant) {
+// iptablesDrift damages the programmed rules of family fam as an
+// administrator might: it deletes the jump from nat PREROUTING into
+// proxyshift's chains (the backend inserted it first) and flushes the
+// chain of service web.
+func iptablesDrift(t *testing.T, node *netlab.NetNS, v iptables.Variant, fam ipFamily) {
 	t.Helper()
-	out, err := iptablesCmd(node, v, "", "-t", "nat", "-S", "PREROUTING", "1")
+	out, err := familyCmd(node, fam, v, "", "-t", "nat", "-S", "PREROUTING", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out, "-j "+iptables.ChainPrefix) {
 		t.Fatalf("first rule of nat PREROUTING is not proxyshift's jump: %q", out)
 	}
-	if _, err := iptablesCmd(node, v, "", "-t", "nat", "-D", "PREROUTING", "1"); err != nil {
+	if _, err := familyCmd(node, fam, v, "", "-t", "nat", "-D", "PREROUTING", "1"); err != nil {
 		t.Fatal(err)
 	}
-	saved, err := iptablesCmd(node, v, "save", "-t", "nat")
+	saved, err := familyCmd(node, fam, v, "save", "-t", "nat")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +126,7 @@ func iptablesDrift(t *testing.T, node *netlab.NetNS, v iptables.Variant) {
 	if !strings.HasPrefix(web, iptables.ChainPrefix) {
 		t.Fatalf("no chain of service web in nat:\n%s", saved)
 	}
-	if _, err := iptablesCmd(node, v, "", "-t", "nat", "-F", web); err != nil {
+	if _, err := familyCmd(node, fam, v, "", "-t", "nat", "-F", web); err != nil {
 		t.Fatal(err)
 	}
 }

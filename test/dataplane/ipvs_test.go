@@ -63,25 +63,31 @@ func ipvsHandle(node *netlab.NetNS) (*libipvs.Handle, error) {
 	return libipvs.New(fmt.Sprintf("/proc/self/fd/%d", node.FD()))
 }
 
-// ipvsDrift deletes the web service's virtual service and the helper
-// table of family ip behind the backend's back: the service stops
-// answering, and what tells NodePort virtual services apart is gone.
-func ipvsDrift(t *testing.T, node *netlab.NetNS) {
+// ipvsDrift deletes the web service's virtual service of family fam and
+// the helper table of fam (ip or ip6) behind the backend's back: the
+// service stops answering, and what tells NodePort virtual services
+// apart is gone.
+func ipvsDrift(t *testing.T, node *netlab.NetNS, fam ipFamily) {
 	t.Helper()
 	h, err := ipvsHandle(node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	web := &libipvs.Service{AddressFamily: unix.AF_INET, Protocol: unix.IPPROTO_TCP, Address: net.IP(webIP.AsSlice()), Port: 80}
+	webAddr, af := fam.addr(webIP), uint16(unix.AF_INET)
+	if webAddr.Is6() {
+		af = unix.AF_INET6
+	}
+	web := &libipvs.Service{AddressFamily: af, Protocol: unix.IPPROTO_TCP, Address: net.IP(webAddr.AsSlice()), Port: 80}
 	if err := h.DelService(web); err != nil {
-		t.Fatalf("delete virtual service %s:80: %v", webIP, err)
+		t.Fatalf("delete virtual service %s: %v", netip.AddrPortFrom(webAddr, 80), err)
 	}
 	c, err := nftConn(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tables, err := c.ListTablesOfFamily(unix.NFPROTO_IPV4); err == nil {
+	family, familyName := nftFamily(fam)
+	if tables, err := c.ListTablesOfFamily(family); err == nil {
 		for _, table := range tables {
 			if table.Name == ipvs.TableName {
 				c.DelTable(table)
@@ -89,7 +95,7 @@ func ipvsDrift(t *testing.T, node *netlab.NetNS) {
 		}
 	}
 	if err := c.Flush(); err != nil {
-		t.Fatalf("delete table ip %s: %v", ipvs.TableName, err)
+		t.Fatalf("delete table %s %s: %v", familyName, ipvs.TableName, err)
 	}
 }
 

@@ -135,7 +135,7 @@ func nodePortOnly(p pods) map[model.ServicePortName]*model.ServicePort {
 	name := model.ServicePortName{Namespace: "suite", Name: "nodeport", Port: "p", Protocol: corev1.ProtocolTCP}
 	return map[model.ServicePortName]*model.ServicePort{name: {
 		Name: name, Family: corev1.IPv4Protocol, ClusterIP: nodePortIP, Protocol: corev1.ProtocolTCP, Port: 80, NodePort: nodePort,
-		Endpoints: []model.Endpoint{endpoint(p.a, true), endpoint(p.b, true)},
+		Endpoints: []model.Endpoint{endpoint(ipv4, p.a, true), endpoint(ipv4, p.b, true)},
 	}}
 }
 

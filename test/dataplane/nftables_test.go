@@ -48,38 +48,54 @@ func skipWithoutNFTables(t *testing.T, node *netlab.NetNS) {
 	}
 }
 
-// nftDeleteTable deletes the backend's table, family ip, behind its back.
-func nftDeleteTable(t *testing.T, node *netlab.NetNS) {
+// nftFamily is the nftables table family of fam, and its name in nft.
+func nftFamily(fam ipFamily) (gnft.TableFamily, string) {
+	if fam.model == ipv6.model {
+		return gnft.TableFamilyIPv6, "ip6"
+	}
+	return gnft.TableFamilyIPv4, "ip"
+}
+
+// nftDeleteTable deletes the backend's table of family fam (ip or ip6)
+// behind its back.
+func nftDeleteTable(t *testing.T, node *netlab.NetNS, fam ipFamily) {
 	t.Helper()
 	c, err := nftConn(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.DelTable(&gnft.Table{Name: nftables.TableName, Family: gnft.TableFamilyIPv4})
+	family, name := nftFamily(fam)
+	c.DelTable(&gnft.Table{Name: nftables.TableName, Family: family})
 	if err := c.Flush(); err != nil {
-		t.Fatalf("delete table ip %s: %v", nftables.TableName, err)
+		t.Fatalf("delete table %s %s: %v", name, nftables.TableName, err)
 	}
 }
 
-// nftDump renders the ip tables in node as the kernel reports them:
-// chains with their rules' expressions, and sets and maps with their
-// elements.
+// nftDump renders the ip and ip6 tables in node as the kernel reports
+// them: chains with their rules' expressions, and sets and maps with
+// their elements.
 func nftDump(node *netlab.NetNS) string {
+	return nftDumpFamily(node, ipv4) + nftDumpFamily(node, ipv6)
+}
+
+// nftDumpFamily renders the tables of fam's nftables family in node.
+func nftDumpFamily(node *netlab.NetNS, fam ipFamily) string {
 	c, err := nftConn(node)
 	if err != nil {
 		return err.Error()
 	}
-	tables, err := c.ListTablesOfFamily(gnft.TableFamilyIPv4)
+	family, familyName := nftFamily(fam)
+	tables, err := c.ListTablesOfFamily(family)
 	if err != nil {
 		return "list tables: " + err.Error()
 	}
-	chains, err := c.ListChainsOfTableFamily(gnft.TableFamilyIPv4)
+	chains, err := c.ListChainsOfTableFamily(family)
 	if err != nil {
 		return "list chains: " + err.Error()
 	}
 	var b strings.Builder
 	for _, table := range tables {
-		fmt.Fprintf(&b, "table ip %s\n", table.Name)
+		fmt.Fprintf(&b, "table %s %s\n", familyName, table.Name)
 		for _, ch := range chains {
 			if ch.Table.Name != table.Name {
 				continue

@@ -98,7 +98,7 @@ func sctpPorts(p pods) map[model.ServicePortName]*model.ServicePort {
 	out := map[model.ServicePortName]*model.ServicePort{}
 	for _, sp := range []*model.ServicePort{
 		{Name: model.ServicePortName{Namespace: "suite", Name: "sctp", Port: "p", Protocol: corev1.ProtocolSCTP}, ClusterIP: sctpIP, Port: 80, NodePort: sctpNodePort,
-			Endpoints: []model.Endpoint{endpoint(p.a, true), endpoint(p.b, true), endpoint(p.c, true)}},
+			Endpoints: []model.Endpoint{endpoint(ipv4, p.a, true), endpoint(ipv4, p.b, true), endpoint(ipv4, p.c, true)}},
 		{Name: model.ServicePortName{Namespace: "suite", Name: "sctp-empty", Port: "p", Protocol: corev1.ProtocolSCTP}, ClusterIP: sctpEmptyIP, Port: 80},
 	} {
 		sp.Family, sp.Protocol = corev1.IPv4Protocol, corev1.ProtocolSCTP

@@ -1,7 +1,9 @@
 // Package netlab builds throwaway network labs for tests: network
 // namespaces, veth pairs, bridges and small servers, all inside namespaces
-// the test creates and removes again, with addresses from 198.18.0.0/15.
-// Nothing here touches the root namespace's interfaces or netfilter rules.
+// the test creates and removes again, with addresses from 198.18.0.0/15
+// and, the labs being dual-stack, their IPv6 twins in 2001:db8::/32 (see
+// IPv6Of). Nothing here touches the root namespace's interfaces, routes,
+// sysctls or netfilter rules.
 package netlab
 
 import (

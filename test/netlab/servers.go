@@ -12,25 +12,27 @@ import (
 // target port of the services the tests program.
 const ServerPort = 8080
 
-// Server answers on one port, TCP and UDP, with its name, so a client can
-// tell which backend a service sent it to:
+// Server answers on one port, TCP and UDP, IPv4 and (when the kernel has
+// it) IPv6, with its name, so a client can tell which backend a service
+// sent it to:
 //   - TCP: on accept it sends "<name>\n"; then it answers every line
 //     "<msg>" it reads with "<name> <msg>\n" until the client closes, so one
 //     connection can be held open and checked again later.
 //   - UDP: it answers every datagram "<msg>" with "<name> <msg>".
 type Server struct {
 	name string
-	tcp  net.Listener
-	udp  net.PacketConn
-	wg   sync.WaitGroup
+	// tcp and udp are the sockets of each family: IPv4, then IPv6.
+	tcp []net.Listener
+	udp []net.PacketConn
+	wg  sync.WaitGroup
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
 }
 
-// StartServer opens a TCP listener and a UDP socket on port, all
-// addresses, inside ns, and serves them until Stop.
+// StartServer opens a TCP listener and a UDP socket of each family on
+// port, all addresses, inside ns, and serves them until Stop.
 func StartServer(ns *NetNS, name string, port int) (*Server, error) {
 	var s *Server
 	err := ns.Do(func() error {
@@ -45,26 +47,50 @@ func StartServer(ns *NetNS, name string, port int) (*Server, error) {
 }
 
 // Serve opens a TCP listener and a UDP socket on port, all addresses, in
-// the calling thread's network namespace, and serves them until Stop: what
-// a pod's server process (test/realcluster/podserver) runs.
+// the calling thread's network namespace, one of each for IPv4 and, when
+// the kernel has IPv6, one of each for IPv6 (IPv6 only, so the families
+// never share a socket), and serves them until Stop: what a pod's server
+// process (test/realcluster/podserver) runs.
 func Serve(name string, port int) (*Server, error) {
 	if strings.ContainsAny(name, " \n") {
 		return nil, fmt.Errorf("server name %q: no spaces or newlines", name)
 	}
 	s := &Server{name: name, conns: map[net.Conn]struct{}{}}
-	addr := fmt.Sprintf("0.0.0.0:%d", port)
-	var err error
-	if s.tcp, err = net.Listen("tcp4", addr); err != nil {
-		return nil, fmt.Errorf("server %s: %w", name, err)
+	families := []struct{ suffix, any string }{{"4", "0.0.0.0"}}
+	if HasIPv6() {
+		families = append(families, struct{ suffix, any string }{"6", "::"})
 	}
-	if s.udp, err = net.ListenPacket("udp4", addr); err != nil {
-		_ = s.tcp.Close()
-		return nil, fmt.Errorf("server %s: %w", name, err)
+	for _, f := range families {
+		addr := net.JoinHostPort(f.any, fmt.Sprint(port))
+		l, err := net.Listen("tcp"+f.suffix, addr)
+		if err != nil {
+			s.closeSockets()
+			return nil, fmt.Errorf("server %s: %w", name, err)
+		}
+		s.tcp = append(s.tcp, l)
+		u, err := net.ListenPacket("udp"+f.suffix, addr)
+		if err != nil {
+			s.closeSockets()
+			return nil, fmt.Errorf("server %s: %w", name, err)
+		}
+		s.udp = append(s.udp, u)
 	}
-	s.wg.Add(2)
-	go s.acceptTCP()
-	go s.serveUDP()
+	for i := range s.tcp {
+		s.wg.Add(2)
+		go s.acceptTCP(s.tcp[i])
+		go s.serveUDP(s.udp[i])
+	}
 	return s, nil
+}
+
+// closeSockets closes the listening sockets.
+func (s *Server) closeSockets() {
+	for _, l := range s.tcp {
+		_ = l.Close()
+	}
+	for _, u := range s.udp {
+		_ = u.Close()
+	}
 }
 
 // Stop closes the listeners and every open connection and waits for the
@@ -73,8 +99,7 @@ func (s *Server) Stop() {
 	s.mu.Lock()
 	if !s.closed {
 		s.closed = true
-		_ = s.tcp.Close()
-		_ = s.udp.Close()
+		s.closeSockets()
 		for c := range s.conns {
 			_ = c.Close()
 		}
@@ -83,10 +108,10 @@ func (s *Server) Stop() {
 	s.wg.Wait()
 }
 
-func (s *Server) acceptTCP() {
+func (s *Server) acceptTCP(l net.Listener) {
 	defer s.wg.Done()
 	for {
-		c, err := s.tcp.Accept()
+		c, err := l.Accept()
 		if err != nil {
 			return // closed by Stop (Go retries transient accept errors itself)
 		}
@@ -126,15 +151,15 @@ func (s *Server) serveConn(c net.Conn) {
 	}
 }
 
-func (s *Server) serveUDP() {
+func (s *Server) serveUDP(u net.PacketConn) {
 	defer s.wg.Done()
 	buf := make([]byte, 1500)
 	for {
-		n, from, err := s.udp.ReadFrom(buf)
+		n, from, err := u.ReadFrom(buf)
 		if err != nil {
 			return // closed by Stop; an unconnected socket gets no ICMP errors
 		}
 		reply := fmt.Sprintf("%s %s", s.name, buf[:n])
-		_, _ = s.udp.WriteTo([]byte(reply), from)
+		_, _ = u.WriteTo([]byte(reply), from)
 	}
 }

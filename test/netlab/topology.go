@@ -10,7 +10,8 @@ import (
 // The single-node lab's addresses (NewLab). Service addresses (cluster,
 // external and load-balancer IPs) come from ServiceCIDR, which no
 // interface holds: clients reach it through their default route via the
-// node, where the proxy under test translates it.
+// node, where the proxy under test translates it. Each has its IPv6 twin
+// (IPv6Of, IPv6PrefixOf) on the same link: the lab is dual-stack.
 var (
 	// NodeIP is the node's address on its uplink, where NodePorts answer.
 	NodeIP = netip.MustParseAddr("198.18.0.1")
@@ -42,7 +43,9 @@ const (
 var BeyondCIDR = netip.MustParsePrefix("198.18.255.0/30")
 
 // Lab is one node with its pods and two clients: the world a dataplane
-// test sends real packets through.
+// test sends real packets through. Every namespace also holds the IPv6
+// twins of its addresses (2001:db8::c612:2 for 198.18.0.2, see IPv6Of),
+// with the same routes, when the kernel has IPv6.
 //
 //	client  198.18.0.2 ─┐
 //	                     ├─ br-up 198.18.0.1 [node: forwarding, the proxy] br-pods 198.18.1.1 ─┬─ pod 198.18.1.2
@@ -81,8 +84,9 @@ type NodeSpec struct {
 
 // Node is a namespace that routes between an uplink bridge, where hosts
 // attach, and a pod bridge: what a Kubernetes node with a bridge CNI looks
-// like to a service proxy. IPv4 forwarding is on and reverse-path filtering
-// off.
+// like to a service proxy. IPv4 and IPv6 forwarding are on and reverse-path
+// filtering off. Each address has its IPv6 twin on the same link (see
+// IPv6Of), and each route its IPv6 twin.
 //
 // The node's default route leads to a namespace of its own (Beyond) that
 // neither forwards nor answers, standing in for the network beyond the
@@ -106,6 +110,12 @@ type Node struct {
 	PodGateway netip.Addr
 	// Beyond is where the node's default route leads.
 	Beyond *NetNS
+	// IP6, Uplink6, PodCIDR6 and PodGateway6 are the IPv6 twins of the
+	// above; invalid when the kernel has no IPv6.
+	IP6         netip.Addr
+	Uplink6     netip.Prefix
+	PodCIDR6    netip.Prefix
+	PodGateway6 netip.Addr
 
 	mu      sync.Mutex
 	nextPod netip.Addr
@@ -131,21 +141,26 @@ func NewNode(t testing.TB, spec NodeSpec) *Node {
 		PodGateway: gw,
 		Beyond:     beyond,
 		nextPod:    gw.Next(),
+
+		IP6:         twin(spec.Uplink.Addr()),
+		Uplink6:     twinPrefix(spec.Uplink),
+		PodCIDR6:    twinPrefix(podCIDR),
+		PodGateway6: twin(gw),
 	}
 	nodeEnd := BeyondCIDR.Addr().Next()
 	beyondEnd := nodeEnd.Next()
 	steps := []func() error{
-		ns.ipv4Only,
-		func() error { return ns.SetSysctl("net/ipv4/ip_forward", "1") },
-		func() error { return ns.AddBridge(UplinkBridge, spec.Uplink) },
-		func() error { return ns.AddBridge(PodBridge, netip.PrefixFrom(gw, podCIDR.Bits())) },
-		beyond.ipv4Only,
+		func() error { return ns.dualStack(true) },
+		func() error { return ns.AddBridge(UplinkBridge, netip.Prefix{}) },
+		func() error { return ns.addDual(UplinkBridge, spec.Uplink) },
+		func() error { return ns.AddBridge(PodBridge, netip.Prefix{}) },
+		func() error { return ns.addDual(PodBridge, netip.PrefixFrom(gw, podCIDR.Bits())) },
 		// New namespaces may inherit forwarding from the host.
-		func() error { return beyond.SetSysctl("net/ipv4/ip_forward", "0") },
+		func() error { return beyond.dualStack(false) },
 		func() error { return ns.AddVeth(BeyondLink, beyond, "eth0") },
-		func() error { return ns.AddAddr(BeyondLink, netip.PrefixFrom(nodeEnd, BeyondCIDR.Bits())) },
-		func() error { return beyond.AddAddr("eth0", netip.PrefixFrom(beyondEnd, BeyondCIDR.Bits())) },
-		func() error { return ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), beyondEnd) },
+		func() error { return ns.addDual(BeyondLink, netip.PrefixFrom(nodeEnd, BeyondCIDR.Bits())) },
+		func() error { return beyond.addDual("eth0", netip.PrefixFrom(beyondEnd, BeyondCIDR.Bits())) },
+		func() error { return ns.routeDual(beyondEnd) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -155,11 +170,14 @@ func NewNode(t testing.TB, spec NodeSpec) *Node {
 	return n
 }
 
-// Host is a namespace with one address, attached to a node's uplink and
-// routed through the node: a client outside the cluster.
+// Host is a namespace with one address (and its IPv6 twin), attached to
+// a node's uplink and routed through the node: a client outside the
+// cluster.
 type Host struct {
 	NS *NetNS
 	IP netip.Addr
+	// IP6 is IP's IPv6 twin; invalid when the kernel has no IPv6.
+	IP6 netip.Addr
 }
 
 // AddHost creates a host namespace at ip on the node's uplink, with its
@@ -169,18 +187,18 @@ func (n *Node) AddHost(t testing.TB, role string, ip netip.Addr) *Host {
 	ns := NewNetNS(t, role)
 	link := n.newLinkName("vh")
 	steps := []func() error{
-		ns.ipv4Only,
+		func() error { return ns.dualStack(false) },
 		func() error { return n.NS.AddVeth(link, ns, "eth0") },
 		func() error { return n.NS.SetMaster(link, UplinkBridge) },
-		func() error { return ns.AddAddr("eth0", netip.PrefixFrom(ip, n.Uplink.Bits())) },
-		func() error { return ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), n.IP) },
+		func() error { return ns.addDual("eth0", netip.PrefixFrom(ip, n.Uplink.Bits())) },
+		func() error { return ns.routeDual(n.IP) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			t.Fatalf("host %s: %v", role, err)
 		}
 	}
-	return &Host{NS: ns, IP: ip}
+	return &Host{NS: ns, IP: ip, IP6: twin(ip)}
 }
 
 // Pod is a namespace on a node's pod bridge running a Server named after
@@ -190,6 +208,8 @@ type Pod struct {
 	Name string
 	NS   *NetNS
 	IP   netip.Addr
+	// IP6 is IP's IPv6 twin; invalid when the kernel has no IPv6.
+	IP6 netip.Addr
 
 	node     *Node
 	hostLink string
@@ -208,13 +228,13 @@ func (n *Node) AddPod(t testing.TB, name string) *Pod {
 		t.Fatalf("pod %s: %v", name, err)
 	}
 	ns := NewNetNS(t, name)
-	p := &Pod{Name: name, NS: ns, IP: ip, node: n, hostLink: n.newLinkName("vp")}
+	p := &Pod{Name: name, NS: ns, IP: ip, IP6: twin(ip), node: n, hostLink: n.newLinkName("vp")}
 	steps := []func() error{
-		ns.ipv4Only,
+		func() error { return ns.dualStack(false) },
 		func() error { return n.NS.AddVeth(p.hostLink, ns, "eth0") },
 		func() error { return n.NS.SetMaster(p.hostLink, PodBridge) },
-		func() error { return ns.AddAddr("eth0", netip.PrefixFrom(ip, n.PodCIDR.Bits())) },
-		func() error { return ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), n.PodGateway) },
+		func() error { return ns.addDual("eth0", netip.PrefixFrom(ip, n.PodCIDR.Bits())) },
+		func() error { return ns.routeDual(n.PodGateway) },
 		func() (err error) { p.server, err = StartServer(ns, name, ServerPort); return err },
 	}
 	for _, step := range steps {
@@ -232,6 +252,9 @@ func (n *Node) AddPod(t testing.TB, name string) *Pod {
 
 // Addr is the pod's server address.
 func (p *Pod) Addr() netip.AddrPort { return netip.AddrPortFrom(p.IP, ServerPort) }
+
+// Addr6 is the pod's server address over IPv6.
+func (p *Pod) Addr6() netip.AddrPort { return netip.AddrPortFrom(p.IP6, ServerPort) }
 
 // Remove stops the pod's server and unplugs the pod from the node, so its
 // address no longer answers; the namespace itself goes when the test ends.

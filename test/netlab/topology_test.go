@@ -53,11 +53,6 @@ func TestLabReachesPodsWithoutProxy(t *testing.T) {
 	if v, err := lab.Node.Beyond.Sysctl("net/ipv4/ip_forward"); err != nil || v != "0" {
 		t.Errorf("beyond ip_forward = %q, %v; want 0", v, err)
 	}
-	if _, err := os.Stat("/proc/sys/net/ipv6"); err == nil {
-		if v, err := lab.Node.NS.Sysctl("net/ipv6/conf/" + PodBridge + "/disable_ipv6"); err != nil || v != "1" {
-			t.Errorf("node %s disable_ipv6 = %q, %v; want 1", PodBridge, v, err)
-		}
-	}
 }
 
 // TestRequestClassifiesFailures checks the error kinds the dataplane

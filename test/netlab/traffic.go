@@ -107,14 +107,19 @@ func classify(err error, start time.Time) error {
 	return &RequestError{Kind: KindOf(err), Elapsed: time.Since(start), Err: err}
 }
 
-// Dial opens a connection from inside ns to addr, within timeout. Only the
-// socket's creation needs the namespace; the returned connection can be
-// used from any goroutine. Errors are not classified; see KindOf.
+// Dial opens a connection from inside ns to addr, IPv4 or IPv6, within
+// timeout. Only the socket's creation needs the namespace; the returned
+// connection can be used from any goroutine. Errors are not classified;
+// see KindOf.
 func (ns *NetNS) Dial(proto Proto, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	network := string(proto) + "4"
+	if addr.Addr().Is6() {
+		network = string(proto) + "6"
+	}
 	var c net.Conn
 	err := ns.Do(func() error {
 		var err error
-		c, err = net.DialTimeout(string(proto)+"4", addr.String(), timeout)
+		c, err = net.DialTimeout(network, addr.String(), timeout)
 		return err
 	})
 	return c, err

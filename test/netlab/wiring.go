@@ -1,7 +1,6 @@
 package netlab
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -125,12 +124,14 @@ func (ns *NetNS) AddAddr(name string, addr netip.Prefix) error {
 	return nil
 }
 
+// addAddr adds addr to link. An IPv6 address skips duplicate address
+// detection (nodad), so it is usable at once.
 func addAddr(h *netlink.Handle, link netlink.Link, addr netip.Prefix) error {
-	if !addr.Addr().Is4() {
-		return fmt.Errorf("address %s: the lab is IPv4 only", addr)
+	a := &netlink.Addr{IPNet: ipNet(addr)}
+	if addr.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
 	}
-	ipnet := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
-	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet}); err != nil {
+	if err := h.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add address %s: %w", addr, err)
 	}
 	return nil
@@ -162,8 +163,13 @@ func (ns *NetNS) SetMaster(name, bridge string) error {
 	return nil
 }
 
-// AddRoute routes dst via the gateway via in ns; dst 0.0.0.0/0 is the
-// default route.
+// ipNet is p as net.IPNet, IPv4 or IPv6.
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// AddRoute routes dst via the gateway via in ns; dst 0.0.0.0/0 (::/0) is
+// the default route. Both are IPv4 or both IPv6.
 func (ns *NetNS) AddRoute(dst netip.Prefix, via netip.Addr) error {
 	h, err := ns.handle()
 	if err != nil {
@@ -171,7 +177,7 @@ func (ns *NetNS) AddRoute(dst netip.Prefix, via netip.Addr) error {
 	}
 	defer h.Close()
 	route := &netlink.Route{
-		Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+		Dst: ipNet(dst),
 		Gw:  via.AsSlice(),
 	}
 	if err := h.RouteAdd(route); err != nil {
@@ -206,28 +212,18 @@ func (ns *NetNS) Sysctl(key string) (string, error) {
 	return strings.TrimSpace(string(v)), nil
 }
 
-// ipv4Only turns IPv6 off in ns, for links created from now on ("default")
-// and existing ones ("all"), so the lab sends no IPv6 packets at all (no
-// router solicitations, no duplicate address detection): the lab has no
-// IPv6 range to use. It also turns reverse-path filtering off, which new
+// ipv4Only turns IPv6 off in ns (DisableIPv6), so it sends no IPv6
+// packets at all (no router solicitations, no duplicate address
+// detection): what the namespaces of programs outside tests (CreateNetNS:
+// the local cluster, the demo, benchmarks) are, the test labs being
+// dual-stack. It also turns reverse-path filtering off, which new
 // namespaces otherwise inherit from the host and which would drop
 // service traffic whose reply path differs from its request path.
 func (ns *NetNS) ipv4Only() error {
-	settings := [][2]string{
-		{"net/ipv4/conf/all/rp_filter", "0"},
-		{"net/ipv4/conf/default/rp_filter", "0"},
-	}
-	if _, err := os.Stat("/proc/sys/net/ipv6"); err == nil {
-		settings = append(settings,
-			[2]string{"net/ipv6/conf/all/disable_ipv6", "1"},
-			[2]string{"net/ipv6/conf/default/disable_ipv6", "1"})
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	for _, s := range settings {
-		if err := ns.SetSysctl(s[0], s[1]); err != nil {
+	for _, key := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		if err := ns.SetSysctl(key, "0"); err != nil {
 			return err
 		}
 	}
-	return nil
+	return ns.DisableIPv6()
 }

@@ -88,7 +88,9 @@ func newWorld(t *testing.T, mode v1alpha1.ProxyMode) *world {
 			t.Fatalf("needs %s (Debian package iptables): %v", bin, err)
 		}
 	}
-	w := &world{t: t, env: testenv.Start(t), lab: netlab.NewLab(t)}
+	// Dual-stack, so that a test may create dual-stack Services; the
+	// others are single-stack IPv4 with the cluster IPs they name.
+	w := &world{t: t, env: testenv.StartDualStack(t), lab: netlab.NewLab(t)}
 	w.kube = kubernetes.NewForConfigOrDie(w.env.Config)
 	w.pods = []*netlab.Pod{w.lab.Node.AddPod(t, "pod-a"), w.lab.Node.AddPod(t, "pod-b")}
 	ctx := context.Background()

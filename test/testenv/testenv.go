@@ -27,6 +27,12 @@ import (
 // netlab.ServiceCIDR.
 const ServiceCIDR = "198.19.0.0/16"
 
+// DualStackServiceCIDRs is the service-cluster-ip-range of
+// StartDualStack: ServiceCIDR, then its IPv6 twin in the dual-stack lab
+// (netlab.IPv6PrefixOf), so Services may be dual-stack
+// (ipFamilyPolicy RequireDualStack) with IPv4 their primary family.
+const DualStackServiceCIDRs = ServiceCIDR + ",2001:db8::c613:0/112"
+
 // Env is a running API server with proxyshift's CRDs installed.
 type Env struct {
 	// Config reaches the API server as an administrator.
@@ -54,11 +60,23 @@ func RepoRoot() string {
 // there, naming the command that builds them.
 func Start(t testing.TB) *Env {
 	t.Helper()
+	return start(t, ServiceCIDR)
+}
+
+// StartDualStack is Start with a dual-stack API server, whose
+// service-cluster-ip-range is DualStackServiceCIDRs.
+func StartDualStack(t testing.TB) *Env {
+	t.Helper()
+	return start(t, DualStackServiceCIDRs)
+}
+
+func start(t testing.TB, serviceCIDRs string) *Env {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/controlplane.sh)")
 	}
-	env, err := Launch(assets, t.TempDir())
+	env, err := launch(assets, t.TempDir(), serviceCIDRs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +91,9 @@ func Start(t testing.TB) *Env {
 // Launch starts a control plane from the binaries in assets, writing its
 // kubeconfig into dir, for programs that run outside a test (benchmarks);
 // the caller stops it with Stop.
-func Launch(assets, dir string) (*Env, error) {
+func Launch(assets, dir string) (*Env, error) { return launch(assets, dir, ServiceCIDR) }
+
+func launch(assets, dir, serviceCIDRs string) (*Env, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -88,7 +108,7 @@ func Launch(assets, dir string) (*Env, error) {
 		Scheme:                scheme,
 	}
 	// Service IPs come from the test range, so that labs can route them.
-	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", ServiceCIDR)
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", serviceCIDRs)
 	// A throwaway etcd need not wait for the disk on every write.
 	env.ControlPlane.Etcd = &envtest.Etcd{}
 	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")

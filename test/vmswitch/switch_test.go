@@ -65,26 +65,7 @@ var foreign = []*libipvs.Service{
 // kernel holds nothing of the old mode. Virtual services another program made
 // before the agent started survive every switch and the final cleanup.
 func TestVMSwitchIPVS(t *testing.T) {
-	vm.Require(t, "IPVS (the ip_vs kernel module)")
-	// What the agent's preflight loads, and the tables of both iptables
-	// variants, which the VM's kernel cannot load on demand (it has no
-	// /sbin/modprobe); the lab's bridges and veth pairs.
-	mods := []string{"bridge", "veth"}
-	for _, m := range modes {
-		l, err := contract.ModulesFor(m, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		mods = append(mods, l...)
-	}
-	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
-		l, err := contract.IPTablesBackendModules(string(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		mods = append(mods, l...)
-	}
-	vm.LoadModules(t, mods...)
+	loadModules(t)
 
 	lab := netlab.NewLab(t)
 	pods := []*netlab.Pod{lab.Node.AddPod(t, "pod-a"), lab.Node.AddPod(t, "pod-b")}
@@ -100,7 +81,7 @@ func TestVMSwitchIPVS(t *testing.T) {
 	}
 	foreignDump := ipvsServices(t, h)
 
-	n := startNode(t, lab, web(pods), v1alpha1.ModeNFTables)
+	n := startNode(t, lab, nodeConfig, web(pods), v1alpha1.ModeNFTables)
 	n.waitActive(v1alpha1.ModeNFTables)
 	requireTraffic(t, lab, len(pods))
 	n.requireOnly(v1alpha1.ModeNFTables)
@@ -153,6 +134,31 @@ func TestVMSwitchIPVS(t *testing.T) {
 	}
 }
 
+// loadModules skips outside the test VM, and loads what the agent's
+// preflight loads for every mode, and the tables of both iptables
+// variants, which the VM's kernel cannot load on demand (it has no
+// /sbin/modprobe); and the lab's bridges and veth pairs.
+func loadModules(t *testing.T) {
+	t.Helper()
+	vm.Require(t, "IPVS (the ip_vs kernel module)")
+	mods := []string{"bridge", "veth"}
+	for _, m := range modes {
+		l, err := contract.ModulesFor(m, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, l...)
+	}
+	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
+		l, err := contract.IPTablesBackendModules(string(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, l...)
+	}
+	vm.LoadModules(t, mods...)
+}
+
 // web is the service the tests reach: a cluster IP and a NodePort, the
 // pods as endpoints.
 func web(pods []*netlab.Pod) *model.Snapshot {
@@ -183,19 +189,20 @@ type node struct {
 	stop func()
 }
 
-// startNode builds the switcher for mode, syncs snap into the Fanout (the
-// sync loop's first sync) and runs the switcher until the test ends.
-func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha1.ProxyMode) *node {
+// startNode builds the switcher for mode, with backends for the node cfg
+// describes, syncs snap into the Fanout (the sync loop's first sync) and
+// runs the switcher until the test ends.
+func startNode(t *testing.T, lab *netlab.Lab, cfg dataplane.NodeConfig, snap *model.Snapshot, mode v1alpha1.ProxyMode) *node {
 	t.Helper()
 	ns := lab.Node.NS.NS()
 	n := &node{t: t, lab: lab, fanout: switcher.NewFanout(), rep: &phases{}}
 	n.sw = switcher.New(switcher.Config{
 		Fanout:  n.fanout,
-		Backend: func(m v1alpha1.ProxyMode) (dataplane.Backend, string, error) { return newBackend(lab, m) },
+		Backend: func(m v1alpha1.ProxyMode) (dataplane.Backend, string, error) { return newBackend(lab, cfg, m) },
 		Modes:   modes,
 		Prepare: &facts.Gatherer{NS: ns},
 		Prober:  &probe.Prober{NS: ns, Attempts: 2},
-		NodeIPs: func() []netip.Addr { return nodeConfig.NodeIPs },
+		NodeIPs: func() []netip.Addr { return cfg.NodeIPs },
 		Report:  n.rep,
 	}, switcher.Desire{Mode: mode})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -219,14 +226,14 @@ func startNode(t *testing.T, lab *netlab.Lab, snap *model.Snapshot, mode v1alpha
 	return n
 }
 
-// newBackend builds mode's backend for the lab node with the agent's
-// factories.
-func newBackend(lab *netlab.Lab, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
+// newBackend builds mode's backend for the lab node, as cfg describes
+// it, with the agent's factories.
+func newBackend(lab *netlab.Lab, cfg dataplane.NodeConfig, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
 	f, ok := backends.Factories(backends.Env{NS: lab.Node.NS.NS(), Kernel: &kmod.Kernel{}})[mode]
 	if !ok {
 		return nil, "", fmt.Errorf("mode %s is not in this test", mode)
 	}
-	b, err := f(nodeConfig, v1alpha1.ProxySettings{})
+	b, err := f(cfg, v1alpha1.ProxySettings{})
 	return b, "", err
 }
 
@@ -260,12 +267,18 @@ func (p *phases) since(i int) (report.Switch, []v1alpha1.NodePhase, int) {
 	return p.seen[len(p.seen)-1], walked, len(p.seen)
 }
 
+// switchTimeout bounds one switch.
+const switchTimeout = 3 * time.Minute
+
 // waitActive waits until mode serves, and fails the test at once if the
 // switch fails. It fails the test unless the switch walked every phase in
 // order, reported once each.
 func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 	n.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous: under emulation on a busy host, the dual-stack switch
+	// ipvs -> iptables (both families, both iptables variants read and
+	// swept) took 130 s in one run, where 60 s had been the bound.
+	deadline := time.Now().Add(switchTimeout)
 	for {
 		s, walked, seen := n.rep.since(n.seen)
 		switch {
@@ -279,7 +292,7 @@ func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 		case s.Phase == v1alpha1.NodeFailed:
 			n.t.Fatalf("the switch to %s failed: %s: %s", mode, s.Reason, s.Message)
 		case time.Now().After(deadline):
-			n.t.Fatalf("%s not active within 60s; last state %+v, phases %v", mode, s, walked)
+			n.t.Fatalf("%s not active within %v; last state %+v, phases %v", mode, switchTimeout, s, walked)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -410,7 +423,14 @@ func foreignOf(dump string) string {
 // and the NodePort.
 func requireTraffic(t *testing.T, lab *netlab.Lab, pods int) {
 	t.Helper()
-	for _, target := range []netip.AddrPort{netip.AddrPortFrom(webIP, 80), nodePort} {
+	requireAnswers(t, lab, pods, netip.AddrPortFrom(webIP, 80), nodePort)
+}
+
+// requireAnswers fails unless every connection from the lab's client to
+// each target is answered, by all pods.
+func requireAnswers(t *testing.T, lab *netlab.Lab, pods int, targets ...netip.AddrPort) {
+	t.Helper()
+	for _, target := range targets {
 		if tally := lab.Client.NS.Spread(netlab.TCP, target, 20, 2*time.Second); len(tally.Answers) != pods || tally.Answered() != 20 {
 			t.Errorf("%s: %v; want every connection answered, by all %d pods", target, tally, pods)
 		}

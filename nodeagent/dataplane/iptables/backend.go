@@ -106,6 +106,7 @@ func (b *Backend) Variant() Variant { return b.run.variant }
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	req, missing := dataplane.WithoutMissingFamilies(b.run.netns, "", req)
 	var errs []error
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 		return b.syncFamily(ctx, f, ports, req)
@@ -119,6 +120,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 			b.swept = true
 		}
 	}
+	errs = append(errs, missing)
 	var c dataplane.Counts
 	for _, rs := range b.state {
 		c = c.Plus(rs.counts())

@@ -179,7 +179,11 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 		return dataplane.Counts{}, err
 	}
 	defer kn.close()
-	var errs []error
+	// A family the node lacks cannot be programmed (its addresses cannot
+	// be bound to the dummy interface); the other one is, and the
+	// missing one is reported.
+	req, missing := dataplane.WithoutMissingFamilies(b.netns, b.procSys, req)
+	errs := []error{missing}
 	var conflicts []vsKey
 	settingsDone := false
 	for _, f := range families {

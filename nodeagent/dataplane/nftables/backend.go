@@ -99,7 +99,8 @@ func (b *Backend) Mode() string { return "nftables" }
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var errs []error
+	req, missing := dataplane.WithoutMissingFamilies(b.netns, "", req)
+	errs := []error{missing}
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 		return b.syncFamily(f, ports, req)
 	}); err != nil {
