@@ -106,7 +106,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	}); err != nil {
 		errs = append(errs, err)
 	}
-	if len(errs) == 0 {
+	if _, rest := dataplane.SplitWarnings(errors.Join(errs...)); rest == nil {
 		if w := b.forward.Sync(ctx, req.Full); w != nil {
 			errs = append(errs, w)
 		}
