@@ -92,8 +92,9 @@ var rules = []rule{
 		code: CodeSessionAffinityPerAddress, severity: v1alpha1.SeverityInfo,
 		applies: intoIPVS, service: clientIPAffinity,
 		message: "Services use ClientIP session affinity, which %[1]s keeps per Service address (IPVS persistence), not per Service port: " +
-			"a client reaching a Service by its cluster IP and by a node port or load-balancer IP may land on two endpoints",
-		action: "Make clients that need affinity reach each Service by one address",
+			"a client reaching a Service by its cluster IP and by a node port or load-balancer IP may land on two endpoints; " +
+			"and a client's affinity outlives sessionAffinityConfig.clientIP.timeoutSeconds while IPVS still tracks a connection of it (a persistence template expires only after its last connection entry, up to a minute after a connection closed)",
+		action: "Make clients that need affinity reach each Service by one address, and do not rely on affinity ending at the timeout",
 	},
 	{
 		code: CodeSessionAffinityReset, severity: v1alpha1.SeverityInfo,
