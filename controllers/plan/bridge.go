@@ -90,8 +90,12 @@ func (b *bridge) step() string {
 	return leg
 }
 
-// what names the change for messages: "kube-proxy iptables → nftables".
+// what names the change for messages: "kube-proxy iptables → nftables",
+// or "rolling kube-proxy back to iptables".
 func (b *bridge) what() string {
+	if b.st.RollingBack {
+		return fmt.Sprintf("rolling kube-proxy back to %s", b.st.To)
+	}
 	return fmt.Sprintf("kube-proxy %s → %s", b.st.From, b.st.To)
 }
 
