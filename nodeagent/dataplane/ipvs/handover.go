@@ -1,0 +1,303 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// Connections IPVS forwarded outlive the backend's Cleanup (a switch away
+// from ipvs) by being handed over to conntrack's NAT, which the other
+// modes use: see "Leaving IPVS" in the README.
+//
+// IPVS rewrites a connection's destination itself and, with
+// net.ipv4.vs.conntrack=1, only alters its conntrack entry's reply tuple,
+// without NAT status: once the virtual service is gone nothing would
+// translate the connection's packets. Worse, when IPVS expires its own
+// connection entry (at once, for a deleted real server, with
+// expire_nodest_conn=1), it deletes the conntrack entry of the same
+// original tuple. So the handover reads the entries before the virtual
+// services go, waits for IPVS to delete them, and creates each again over
+// ctnetlink with a DNAT binding to the real server IPVS chose (and an
+// SNAT binding to the address masquerading gave it, if any): the same
+// translation, now conntrack's.
+
+// forwardedFlow is a connection IPVS forwarded to a real server, as its
+// conntrack entry shows it.
+type forwardedFlow struct {
+	proto uint8
+	// client and service are the original source and destination; the
+	// service is one of the backend's virtual services.
+	client, service netip.AddrPort
+	// endpoint is the real server IPVS chose: the reply's source.
+	endpoint netip.AddrPort
+	// replyTo is the reply's destination: the client itself, or the
+	// address and port masquerading gave the connection.
+	replyTo netip.AddrPort
+	// tcpState is the conntrack TCP state (TCP only).
+	tcpState uint8
+	mark     uint32
+	// timeout is the entry's remaining lifetime, in seconds.
+	timeout uint32
+}
+
+func (fl forwardedFlow) String() string {
+	return fmt.Sprintf("%s %s -> %s via %s", protoName(fl.proto), fl.client, fl.service, fl.endpoint)
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	}
+	return fmt.Sprint(p)
+}
+
+func addrPort(ip []byte, port uint16) netip.AddrPort {
+	a, _ := netip.AddrFromSlice(ip)
+	return netip.AddrPortFrom(a.Unmap(), port)
+}
+
+// forwardedFlows picks, from a conntrack dump, the TCP and UDP entries of
+// connections IPVS forwarded for one of the virtual services in ours: the
+// original destination is the virtual service and the reply comes from
+// elsewhere (conntrack's own DNAT never happens for those, IPVS altered
+// the reply tuple). SCTP is left out: its entries carry an association
+// state ctnetlink cannot set whole.
+func forwardedFlows(dump []*netlink.ConntrackFlow, ours map[vsKey]bool) []forwardedFlow {
+	var out []forwardedFlow
+	for _, c := range dump {
+		if c.Forward.Protocol != unix.IPPROTO_TCP && c.Forward.Protocol != unix.IPPROTO_UDP {
+			continue
+		}
+		fl := forwardedFlow{
+			proto:    c.Forward.Protocol,
+			client:   addrPort(c.Forward.SrcIP, c.Forward.SrcPort),
+			service:  addrPort(c.Forward.DstIP, c.Forward.DstPort),
+			endpoint: addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort),
+			replyTo:  addrPort(c.Reverse.DstIP, c.Reverse.DstPort),
+			mark:     c.Mark,
+			timeout:  c.TimeOut,
+		}
+		if !ours[vsKey{addr: fl.service.Addr(), proto: fl.proto, port: fl.service.Port()}] || fl.endpoint == fl.service {
+			continue
+		}
+		if tcp, ok := c.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+			fl.tcpState = tcp.State
+		}
+		out = append(out, fl)
+	}
+	return out
+}
+
+// The ctnetlink attributes the handover writes beyond those the netlink
+// library names (include/uapi/linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctaNATSrc                       = 6
+	ctaNATDst                       = 13
+	ctaNATV4MinIP                   = 1
+	ctaNATV4MaxIP                   = 2
+	ctaNATProto                     = 3
+	ctaNATV6MinIP                   = 4
+	ctaNATV6MaxIP                   = 5
+	ctaProtoNATPortMin              = 1
+	ctaProtoNATPortMax              = 2
+	ctaProtoInfoTCPFlagsOrig        = 4
+	ctaProtoInfoTCPFlagsReply       = 5
+	ipsSeenReply                    = 1 << 1
+	ipsAssured                      = 1 << 2
+	ipCTTCPFlagBeLiberal      uint8 = 0x08
+	// minHandoverTimeout keeps a handed-over entry alive until the
+	// connection's next packet refreshes it.
+	minHandoverTimeout = 60
+)
+
+func tupleAttr(kind int, proto uint8, src, dst netip.AddrPort) *nl.RtAttr {
+	srcType, dstType := nl.CTA_IP_V4_SRC, nl.CTA_IP_V4_DST
+	if src.Addr().Is6() {
+		srcType, dstType = nl.CTA_IP_V6_SRC, nl.CTA_IP_V6_DST
+	}
+	t := nl.NewRtAttr(unix.NLA_F_NESTED|kind, nil)
+	ip := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_IP, nil)
+	ip.AddRtAttr(srcType, src.Addr().AsSlice())
+	ip.AddRtAttr(dstType, dst.Addr().AsSlice())
+	p := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_PROTO, nil)
+	p.AddRtAttr(nl.CTA_PROTO_NUM, []byte{proto})
+	p.AddRtAttr(nl.CTA_PROTO_SRC_PORT, nl.BEUint16Attr(src.Port()))
+	p.AddRtAttr(nl.CTA_PROTO_DST_PORT, nl.BEUint16Attr(dst.Port()))
+	return t
+}
+
+// natAttr binds a connection to exactly one address and port.
+func natAttr(kind int, to netip.AddrPort) *nl.RtAttr {
+	minType, maxType := ctaNATV4MinIP, ctaNATV4MaxIP
+	if to.Addr().Is6() {
+		minType, maxType = ctaNATV6MinIP, ctaNATV6MaxIP
+	}
+	n := nl.NewRtAttr(unix.NLA_F_NESTED|kind, nil)
+	n.AddRtAttr(minType, to.Addr().AsSlice())
+	n.AddRtAttr(maxType, to.Addr().AsSlice())
+	p := n.AddRtAttr(unix.NLA_F_NESTED|ctaNATProto, nil)
+	p.AddRtAttr(ctaProtoNATPortMin, nl.BEUint16Attr(to.Port()))
+	p.AddRtAttr(ctaProtoNATPortMax, nl.BEUint16Attr(to.Port()))
+	return n
+}
+
+// natEntry renders the conntrack entry that translates fl as IPVS did:
+// the original tuple, its untranslated reply, a DNAT binding to the
+// endpoint and, when the reply went to another address than the client,
+// an SNAT binding to it; seen replied and assured, so that it is never
+// taken for a new connection and NAT rules never run for it again; TCP
+// in its state, with window tracking relaxed (conntrack did not see the
+// windows of a connection picked up here).
+func natEntry(fl forwardedFlow) []*nl.RtAttr {
+	attrs := []*nl.RtAttr{
+		tupleAttr(nl.CTA_TUPLE_ORIG, fl.proto, fl.client, fl.service),
+		tupleAttr(nl.CTA_TUPLE_REPLY, fl.proto, fl.service, fl.client),
+		natAttr(ctaNATDst, fl.endpoint),
+	}
+	if fl.replyTo != fl.client {
+		attrs = append(attrs, natAttr(ctaNATSrc, fl.replyTo))
+	}
+	attrs = append(attrs,
+		nl.NewRtAttr(nl.CTA_STATUS, nl.BEUint32Attr(ipsSeenReply|ipsAssured)),
+		nl.NewRtAttr(nl.CTA_TIMEOUT, nl.BEUint32Attr(max(fl.timeout, minHandoverTimeout))),
+		nl.NewRtAttr(nl.CTA_MARK, nl.BEUint32Attr(fl.mark)),
+	)
+	if fl.proto == unix.IPPROTO_TCP {
+		info := nl.NewRtAttr(unix.NLA_F_NESTED|nl.CTA_PROTOINFO, nil)
+		tcp := info.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_PROTOINFO_TCP, nil)
+		tcp.AddRtAttr(nl.CTA_PROTOINFO_TCP_STATE, []byte{fl.tcpState})
+		liberal := []byte{ipCTTCPFlagBeLiberal, ipCTTCPFlagBeLiberal}
+		tcp.AddRtAttr(ctaProtoInfoTCPFlagsOrig, liberal)
+		tcp.AddRtAttr(ctaProtoInfoTCPFlagsReply, liberal)
+		attrs = append(attrs, info)
+	}
+	return attrs
+}
+
+// conntrackDump lists the conntrack entries of family f in the backend's
+// namespace.
+func (kn *kernel) conntrackDump(f *family) ([]*netlink.ConntrackFlow, error) {
+	var dump []*netlink.ConntrackFlow
+	err := kn.netns.Do(func() error {
+		var err error
+		dump, err = netlink.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(f.af))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: list conntrack entries: %w", err)
+	}
+	return dump, nil
+}
+
+// forwarded lists the connections IPVS forwarded for the virtual services
+// in ours.
+func (kn *kernel) forwarded(f *family, ours map[vsKey]bool) ([]forwardedFlow, error) {
+	dump, err := kn.conntrackDump(f)
+	if err != nil {
+		return nil, err
+	}
+	return forwardedFlows(dump, ours), nil
+}
+
+// createNATEntry writes natEntry(fl) into the conntrack table.
+func (kn *kernel) createNATEntry(f *family, fl forwardedFlow) error {
+	return kn.netns.Do(func() error {
+		req := nl.NewNetlinkRequest((unix.NFNL_SUBSYS_CTNETLINK<<8)|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(f.af), Version: nl.NFNETLINK_V0})
+		for _, a := range natEntry(fl) {
+			req.AddData(a)
+		}
+		_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+		return err
+	})
+}
+
+// deleteEntry deletes the conntrack entry of fl's original tuple.
+func (kn *kernel) deleteEntry(f *family, fl forwardedFlow) error {
+	return kn.netns.Do(func() error {
+		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(f.af), originalTuple{fl})
+		return err
+	})
+}
+
+// originalTuple matches the conntrack entry with fl's original tuple and
+// IPVS's reply.
+type originalTuple struct{ fl forwardedFlow }
+
+// MatchConntrackFlow implements netlink.CustomConntrackFilter.
+func (o originalTuple) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
+	return c.Forward.Protocol == o.fl.proto &&
+		addrPort(c.Forward.SrcIP, c.Forward.SrcPort) == o.fl.client &&
+		addrPort(c.Forward.DstIP, c.Forward.DstPort) == o.fl.service &&
+		addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort) == o.fl.endpoint
+}
+
+// handoverWait bounds how long the handover waits for IPVS to expire the
+// connections of deleted virtual services (it does so at once on Linux
+// 5.9 and later with expire_nodest_conn=1).
+const handoverWait = 3 * time.Second
+
+// handOver gives the flows, whose virtual services were just deleted,
+// conntrack NAT entries of their own. It waits (handoverWait at most) for
+// IPVS to delete each flow's entry, then creates the new one; an entry
+// IPVS has not deleted by then is deleted here first (IPVS may delete the
+// new one later: before Linux 5.9 it expires connections of deleted real
+// servers only at their next packet or timeout). It returns how many
+// flows were handed over; a flow whose tuple a new entry took meanwhile
+// (a packet in between, NATed by the rules of the mode now serving) is
+// an error.
+func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow) (int, error) {
+	pending := flows
+	deadline := time.Now().Add(handoverWait)
+	done := 0
+	var errs []error
+	for len(pending) > 0 {
+		dump, err := kn.conntrackDump(f)
+		if err != nil {
+			return done, err
+		}
+		var wait []forwardedFlow
+		for _, fl := range pending {
+			if !slices.ContainsFunc(dump, originalTuple{fl}.MatchConntrackFlow) {
+				if err := kn.createNATEntry(f, fl); err != nil {
+					errs = append(errs, fmt.Errorf("ipvs: hand connection %s over to conntrack: %w", fl, err))
+					continue
+				}
+				done++
+				continue
+			}
+			wait = append(wait, fl)
+		}
+		pending = wait
+		if len(pending) == 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			for _, fl := range pending {
+				if err := kn.deleteEntry(f, fl); err != nil {
+					errs = append(errs, fmt.Errorf("ipvs: delete IPVS's conntrack entry of %s: %w", fl, err))
+					continue
+				}
+				if err := kn.createNATEntry(f, fl); err != nil {
+					errs = append(errs, fmt.Errorf("ipvs: hand connection %s over to conntrack: %w", fl, err))
+					continue
+				}
+				done++
+			}
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return done, errors.Join(errs...)
+}
