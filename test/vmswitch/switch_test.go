@@ -270,7 +270,7 @@ func (p *phases) since(i int) (report.Switch, []v1alpha1.NodePhase, int) {
 // order, reported once each.
 func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 	n.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(180 * time.Second)
 	for {
 		s, walked, seen := n.rep.since(n.seen)
 		switch {
@@ -284,7 +284,7 @@ func (n *node) waitActive(mode v1alpha1.ProxyMode) {
 		case s.Phase == v1alpha1.NodeFailed:
 			n.t.Fatalf("the switch to %s failed: %s: %s", mode, s.Reason, s.Message)
 		case time.Now().After(deadline):
-			n.t.Fatalf("%s not active within 60s; last state %+v, phases %v", mode, s, walked)
+			n.t.Fatalf("%s not active within 180s; last state %+v, phases %v", mode, s, walked)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -395,14 +395,18 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		}
 		gone := deletable(b.exclude, slices.SortedFunc(maps.Keys(ours), compareKeys))
 		// The connections IPVS forwarded through them, read before they
-		// go, are handed over to conntrack's NAT after (handover.go).
-		deleted := map[vsKey]bool{}
-		for _, k := range gone {
-			deleted[k] = true
-		}
-		flows, err := kn.forwarded(f, deleted)
-		if err != nil {
-			errs = append(errs, err)
+		// go, are handed over to conntrack's NAT after (handover.go). A
+		// failed handover fails this Cleanup, and the next one, with
+		// nothing left to delete, succeeds.
+		var flows []forwardedFlow
+		if len(gone) > 0 {
+			deleted := map[vsKey]bool{}
+			for _, k := range gone {
+				deleted[k] = true
+			}
+			if flows, err = kn.forwarded(f, deleted); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		for _, k := range gone {
 			if err := kn.removeServices(f, []vsKey{k}); err != nil {

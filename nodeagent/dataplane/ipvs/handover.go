@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -71,8 +70,9 @@ func addrPort(ip []byte, port uint16) netip.AddrPort {
 // connections IPVS forwarded for one of the virtual services in ours: the
 // original destination is the virtual service and the reply comes from
 // elsewhere (conntrack's own DNAT never happens for those, IPVS altered
-// the reply tuple). SCTP is left out: its entries carry an association
-// state ctnetlink cannot set whole.
+// the reply tuple). TCP connections that have ended (TIME_WAIT, CLOSE)
+// are left out, and so is SCTP: its entries carry an association state
+// ctnetlink cannot set whole.
 func forwardedFlows(dump []*netlink.ConntrackFlow, ours map[vsKey]bool) []forwardedFlow {
 	var out []forwardedFlow
 	for _, c := range dump {
@@ -93,6 +93,9 @@ func forwardedFlows(dump []*netlink.ConntrackFlow, ours map[vsKey]bool) []forwar
 		}
 		if tcp, ok := c.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
 			fl.tcpState = tcp.State
+		}
+		if fl.proto == unix.IPPROTO_TCP && (fl.tcpState == tcpTimeWait || fl.tcpState == tcpClose) {
+			continue
 		}
 		out = append(out, fl)
 	}
@@ -115,10 +118,14 @@ const (
 	ctaProtoInfoTCPFlagsReply       = 5
 	ipsSeenReply                    = 1 << 1
 	ipsAssured                      = 1 << 2
+	ipsConfirmed                    = 1 << 3
 	ipCTTCPFlagBeLiberal      uint8 = 0x08
 	// minHandoverTimeout keeps a handed-over entry alive until the
 	// connection's next packet refreshes it.
 	minHandoverTimeout = 60
+	// Conntrack's TCP states of ended connections.
+	tcpTimeWait = 7
+	tcpClose    = 8
 )
 
 func tupleAttr(kind int, proto uint8, src, dst netip.AddrPort) *nl.RtAttr {
@@ -156,7 +163,9 @@ func natAttr(kind int, to netip.AddrPort) *nl.RtAttr {
 // the original tuple, its untranslated reply, a DNAT binding to the
 // endpoint and, when the reply went to another address than the client,
 // an SNAT binding to it; seen replied and assured, so that it is never
-// taken for a new connection and NAT rules never run for it again; TCP
+// taken for a new connection and NAT rules never run for it again
+// (confirmed too: ctnetlink confirms the entry before it reads the
+// status, and refuses a status that would undo that); TCP
 // in its state, with window tracking relaxed (conntrack did not see the
 // windows of a connection picked up here).
 func natEntry(fl forwardedFlow) []*nl.RtAttr {
@@ -169,7 +178,7 @@ func natEntry(fl forwardedFlow) []*nl.RtAttr {
 		attrs = append(attrs, natAttr(ctaNATSrc, fl.replyTo))
 	}
 	attrs = append(attrs,
-		nl.NewRtAttr(nl.CTA_STATUS, nl.BEUint32Attr(ipsSeenReply|ipsAssured)),
+		nl.NewRtAttr(nl.CTA_STATUS, nl.BEUint32Attr(ipsSeenReply|ipsAssured|ipsConfirmed)),
 		nl.NewRtAttr(nl.CTA_TIMEOUT, nl.BEUint32Attr(max(fl.timeout, minHandoverTimeout))),
 		nl.NewRtAttr(nl.CTA_MARK, nl.BEUint32Attr(fl.mark)),
 	)
@@ -185,62 +194,38 @@ func natEntry(fl forwardedFlow) []*nl.RtAttr {
 	return attrs
 }
 
-// conntrackDump lists the conntrack entries of family f in the backend's
-// namespace.
-func (kn *kernel) conntrackDump(f *family) ([]*netlink.ConntrackFlow, error) {
+// forwarded lists the connections IPVS forwarded for the virtual services
+// in ours. A busy table interrupts dumps; after a few tries the last,
+// incomplete, dump is used (the connections it missed end at the switch,
+// as they would without a handover).
+func (kn *kernel) forwarded(f *family, ours map[vsKey]bool) ([]forwardedFlow, error) {
 	var dump []*netlink.ConntrackFlow
 	err := kn.netns.Do(func() error {
 		var err error
-		dump, err = netlink.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(f.af))
-		return err
+		for range 5 {
+			dump, err = netlink.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(f.af))
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: list conntrack entries: %w", err)
 	}
-	return dump, nil
-}
-
-// forwarded lists the connections IPVS forwarded for the virtual services
-// in ours.
-func (kn *kernel) forwarded(f *family, ours map[vsKey]bool) ([]forwardedFlow, error) {
-	dump, err := kn.conntrackDump(f)
-	if err != nil {
-		return nil, err
-	}
 	return forwardedFlows(dump, ours), nil
 }
 
-// createNATEntry writes natEntry(fl) into the conntrack table.
-func (kn *kernel) createNATEntry(f *family, fl forwardedFlow) error {
-	return kn.netns.Do(func() error {
-		req := nl.NewNetlinkRequest((unix.NFNL_SUBSYS_CTNETLINK<<8)|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-		req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(f.af), Version: nl.NFNETLINK_V0})
-		for _, a := range natEntry(fl) {
-			req.AddData(a)
-		}
-		_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
-		return err
-	})
-}
-
-// deleteEntry deletes the conntrack entry of fl's original tuple.
-func (kn *kernel) deleteEntry(f *family, fl forwardedFlow) error {
-	return kn.netns.Do(func() error {
-		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(f.af), originalTuple{fl})
-		return err
-	})
-}
-
-// originalTuple matches the conntrack entry with fl's original tuple and
-// IPVS's reply.
-type originalTuple struct{ fl forwardedFlow }
-
-// MatchConntrackFlow implements netlink.CustomConntrackFilter.
-func (o originalTuple) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
-	return c.Forward.Protocol == o.fl.proto &&
-		addrPort(c.Forward.SrcIP, c.Forward.SrcPort) == o.fl.client &&
-		addrPort(c.Forward.DstIP, c.Forward.DstPort) == o.fl.service &&
-		addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort) == o.fl.endpoint
+// ctnetlink sends one ctnetlink request of family f with attrs, from the
+// calling thread's namespace, and waits for its acknowledgement.
+func ctnetlink(f *family, msg, flags int, attrs []*nl.RtAttr) error {
+	req := nl.NewNetlinkRequest((unix.NFNL_SUBSYS_CTNETLINK<<8)|msg, unix.NLM_F_ACK|flags)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(f.af), Version: nl.NFNETLINK_V0})
+	for _, a := range attrs {
+		req.AddData(a)
+	}
+	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	return err
 }
 
 // handoverWait bounds how long the handover waits for IPVS to expire the
@@ -249,55 +234,50 @@ func (o originalTuple) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
 const handoverWait = 3 * time.Second
 
 // handOver gives the flows, whose virtual services were just deleted,
-// conntrack NAT entries of their own. It waits (handoverWait at most) for
-// IPVS to delete each flow's entry, then creates the new one; an entry
-// IPVS has not deleted by then is deleted here first (IPVS may delete the
-// new one later: before Linux 5.9 it expires connections of deleted real
-// servers only at their next packet or timeout). It returns how many
-// flows were handed over; a flow whose tuple a new entry took meanwhile
-// (a packet in between, NATed by the rules of the mode now serving) is
-// an error.
+// conntrack NAT entries of their own. It creates each as soon as IPVS has
+// deleted the flow's entry (until then the kernel refuses the tuple,
+// EEXIST), for handoverWait at most; an entry still there then is deleted
+// here first (IPVS may delete the new one later: before Linux 5.9 it
+// expires connections of deleted real servers only at their next packet
+// or timeout). It returns how many flows were handed over.
 func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow) (int, error) {
-	pending := flows
-	deadline := time.Now().Add(handoverWait)
 	done := 0
 	var errs []error
-	for len(pending) > 0 {
-		dump, err := kn.conntrackDump(f)
-		if err != nil {
-			return done, err
-		}
-		var wait []forwardedFlow
-		for _, fl := range pending {
-			if !slices.ContainsFunc(dump, originalTuple{fl}.MatchConntrackFlow) {
-				if err := kn.createNATEntry(f, fl); err != nil {
-					errs = append(errs, fmt.Errorf("ipvs: hand connection %s over to conntrack: %w", fl, err))
-					continue
+	failed := func(fl forwardedFlow, err error) {
+		errs = append(errs, fmt.Errorf("ipvs: hand connection %s over to conntrack: %w", fl, err))
+	}
+	err := kn.netns.Do(func() error {
+		pending := flows
+		deadline := time.Now().Add(handoverWait)
+		for len(pending) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+			var wait []forwardedFlow
+			for _, fl := range pending {
+				switch err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); {
+				case err == nil:
+					done++
+				case errors.Is(err, unix.EEXIST):
+					wait = append(wait, fl)
+				default:
+					failed(fl, err)
 				}
-				done++
+			}
+			if pending = wait; len(pending) > 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		for _, fl := range pending {
+			orig := tupleAttr(nl.CTA_TUPLE_ORIG, fl.proto, fl.client, fl.service)
+			if err := ctnetlink(f, nl.IPCTNL_MSG_CT_DELETE, 0, []*nl.RtAttr{orig}); err != nil && !errors.Is(err, unix.ENOENT) {
+				failed(fl, err)
 				continue
 			}
-			wait = append(wait, fl)
-		}
-		pending = wait
-		if len(pending) == 0 {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			for _, fl := range pending {
-				if err := kn.deleteEntry(f, fl); err != nil {
-					errs = append(errs, fmt.Errorf("ipvs: delete IPVS's conntrack entry of %s: %w", fl, err))
-					continue
-				}
-				if err := kn.createNATEntry(f, fl); err != nil {
-					errs = append(errs, fmt.Errorf("ipvs: hand connection %s over to conntrack: %w", fl, err))
-					continue
-				}
-				done++
+			if err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); err != nil {
+				failed(fl, err)
+				continue
 			}
-			break
+			done++
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return done, errors.Join(errs...)
+		return nil
+	})
+	return done, errors.Join(append(errs, err)...)
 }

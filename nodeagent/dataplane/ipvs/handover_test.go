@@ -11,16 +11,19 @@ import (
 )
 
 func TestForwardedFlows(t *testing.T) {
-	ct := func(proto uint8, src, dst, rsrc, rdst string) *netlink.ConntrackFlow {
+	ct := func(proto uint8, src, dst, rsrc, rdst string, state ...uint8) *netlink.ConntrackFlow {
 		tuple := func(s, d string) netlink.IPTuple {
 			sa, da := netip.MustParseAddrPort(s), netip.MustParseAddrPort(d)
 			return netlink.IPTuple{Protocol: proto, SrcIP: net.IP(sa.Addr().AsSlice()), SrcPort: sa.Port(), DstIP: net.IP(da.Addr().AsSlice()), DstPort: da.Port()}
 		}
-		return &netlink.ConntrackFlow{Forward: tuple(src, dst), Reverse: tuple(rsrc, rdst), TimeOut: 300, Mark: 0x4000,
-			ProtoInfo: &netlink.ProtoInfoTCP{State: 3}}
+		info := &netlink.ProtoInfoTCP{State: 3}
+		if len(state) > 0 {
+			info.State = state[0]
+		}
+		return &netlink.ConntrackFlow{Forward: tuple(src, dst), Reverse: tuple(rsrc, rdst), TimeOut: 300, Mark: 0x4000, ProtoInfo: info}
 	}
 	ours := map[vsKey]bool{
-		{addr: netip.MustParseAddr("198.19.0.1"), proto: unix.IPPROTO_TCP, port: 80}: true,
+		{addr: netip.MustParseAddr("198.19.0.1"), proto: unix.IPPROTO_TCP, port: 80}:    true,
 		{addr: netip.MustParseAddr("198.18.0.1"), proto: unix.IPPROTO_TCP, port: 30080}: true,
 	}
 	got := forwardedFlows([]*netlink.ConntrackFlow{
@@ -31,6 +34,9 @@ func TestForwardedFlows(t *testing.T) {
 		// Not ours: another address, another protocol.
 		ct(unix.IPPROTO_TCP, "198.18.0.2:40002", "198.19.0.9:80", "198.18.1.2:8080", "198.18.0.2:40002"),
 		ct(unix.IPPROTO_UDP, "198.18.0.2:40003", "198.19.0.1:80", "198.18.1.2:8080", "198.18.0.2:40003"),
+		// Ours, but ended.
+		ct(unix.IPPROTO_TCP, "198.18.0.2:40005", "198.19.0.1:80", "198.18.1.2:8080", "198.18.1.1:51005", tcpTimeWait),
+		ct(unix.IPPROTO_TCP, "198.18.0.2:40006", "198.19.0.1:80", "198.18.1.2:8080", "198.18.1.1:51006", tcpClose),
 		// Ours, but untranslated (a connection to the address itself).
 		ct(unix.IPPROTO_TCP, "198.18.0.2:40004", "198.19.0.1:80", "198.19.0.1:80", "198.18.0.2:40004"),
 	}, ours)
