@@ -121,13 +121,25 @@ func TestVMSwitchIPVS(t *testing.T) {
 				defer session.Close()
 				sessions = append(sessions, session)
 			}
+			// And one that keeps exchanging data all through the switch.
+			busy, err := lab.Client.NS.OpenSession(netip.AddrPortFrom(webIP, 80), 2*time.Second)
+			if err != nil {
+				t.Fatalf("open a busy connection: %v", err)
+			}
+			defer busy.Close()
 			loop := netlab.StartClientLoop(t, lab.Client.NS, netip.AddrPortFrom(webIP, 80), nodePort)
+			stopChatter := chatter(busy)
 			time.Sleep(300 * time.Millisecond)
 
 			n.sw.SetDesire(switcher.Desire{Mode: to})
 			n.waitActive(to)
 			time.Sleep(300 * time.Millisecond)
 			loop.RequireNoFailures(t, "during the switch")
+			if exchanged, err := stopChatter(); err != nil {
+				t.Errorf("the connection opened through %s (to %s) that kept exchanging data through the switch failed after %d exchanges: %v", from, busy.Server, exchanged, err)
+			} else {
+				t.Logf("the busy connection (to %s) exchanged data %d times through the switch", busy.Server, exchanged)
+			}
 			for i, session := range sessions {
 				for j := range 3 {
 					if err := session.Exchange(fmt.Sprintf("after-switch-%d", j), 2*time.Second); err != nil {
@@ -419,5 +431,35 @@ func requireTraffic(t *testing.T, lab *netlab.Lab, pods int) {
 		if tally := lab.Client.NS.Spread(netlab.TCP, target, 20, 2*time.Second); len(tally.Answers) != pods || tally.Answered() != 20 {
 			t.Errorf("%s: %v; want every connection answered, by all %d pods", target, tally, pods)
 		}
+	}
+}
+
+// chatter exchanges data on session, one message every 10 ms, until the
+// returned function is called; that returns how many exchanges succeeded
+// and the first failure, after which chatter stops.
+func chatter(session *netlab.Session) func() (int, error) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var n int
+	var failure error
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := session.Exchange(fmt.Sprintf("busy-%d", n), 5*time.Second); err != nil {
+				failure = err
+				return
+			}
+			n++
+		}
+	}()
+	return func() (int, error) {
+		close(stop)
+		<-done
+		return n, failure
 	}
 }

@@ -408,6 +408,11 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 				errs = append(errs, err)
 			}
 		}
+		if len(flows) > 0 {
+			if err := kn.blockFlows(f, flows); err != nil {
+				errs = append(errs, fmt.Errorf("ipvs: hold the packets of the connections to hand over: %w", err))
+			}
+		}
 		for _, k := range gone {
 			if err := kn.removeServices(f, []vsKey{k}); err != nil {
 				errs = append(errs, err)

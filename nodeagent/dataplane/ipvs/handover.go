@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -27,6 +29,14 @@ import (
 // ctnetlink with a DNAT binding to the real server IPVS chose (and an
 // SNAT binding to the address masquerading gave it, if any): the same
 // translation, now conntrack's.
+//
+// Between IPVS deleting an entry and the handover creating it again, a
+// packet of the connection would make conntrack start a new entry, which
+// the mode now serving would NAT as a new connection, to any endpoint and
+// another masquerading port: the endpoint would answer with a reset. So
+// the packets of the flows (both directions) are dropped before
+// conntrack sees them from before the virtual services go until the
+// helper table goes, a second or less; TCP sends them again.
 
 // forwardedFlow is a connection IPVS forwarded to a real server, as its
 // conntrack entry shows it.
@@ -280,4 +290,59 @@ func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow
 		return nil
 	})
 	return done, errors.Join(append(errs, err)...)
+}
+
+// handoverKey is a flow direction's key in setHandover: saddr . daddr .
+// l4proto . sport . dport, each field padded to 32 bits.
+func handoverKey(f *family, proto uint8, src, dst netip.AddrPort) []byte {
+	k := append(f.Bytes(src.Addr()), f.Bytes(dst.Addr())...)
+	k = append(k, proto, 0, 0, 0)
+	k = append(k, byte(src.Port()>>8), byte(src.Port()), 0, 0)
+	return append(k, byte(dst.Port()>>8), byte(dst.Port()), 0, 0)
+}
+
+// handoverElements are both directions of every flow: the client's
+// packets to the service, the endpoint's replies to it or to the
+// masquerading address.
+func handoverElements(f *family, flows []forwardedFlow) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, fl := range flows {
+		out = append(out,
+			nftables.SetElement{Key: handoverKey(f, fl.proto, fl.client, fl.service)},
+			nftables.SetElement{Key: handoverKey(f, fl.proto, fl.endpoint, fl.replyTo)})
+	}
+	return out
+}
+
+// blockFlows adds to the helper table of family f the set of the flows'
+// packets and the chains that drop them at prerouting and output, at
+// raw priority (before conntrack). Deleting the table ends it.
+func (kn *kernel) blockFlows(f *family, flows []forwardedFlow) error {
+	return kn.writeTable(func(c *nftables.Conn) error {
+		t := c.AddTable(tableRef(f))
+		addr := f.AddrType
+		set := &nftables.Set{Table: t, Name: setHandover, Concatenation: true,
+			KeyType: nftables.MustConcatSetType(addr, addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)}
+		if err := c.AddSet(set, handoverElements(f, flows)); err != nil {
+			return fmt.Errorf("ipvs: queue set %s: %w", setHandover, err)
+		}
+		// Register after register: the two addresses, the protocol, the
+		// ports.
+		daddr := f.AfterAddr
+		proto := daddr + (f.AfterAddr - unix.NFT_REG32_00)
+		exprs := []expr.Any{
+			&expr.Payload{DestRegister: unix.NFT_REG_1, Base: expr.PayloadBaseNetworkHeader, Offset: f.SaddrOffset, Len: f.AddrLen},
+			&expr.Payload{DestRegister: daddr, Base: expr.PayloadBaseNetworkHeader, Offset: f.DaddrOffset, Len: f.AddrLen},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: proto},
+			&expr.Payload{DestRegister: proto + 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+			&expr.Payload{DestRegister: proto + 2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: unix.NFT_REG_1, SetName: set.Name, SetID: set.ID},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}
+		for name, hook := range map[string]*nftables.ChainHook{chainHandoverPrerouting: nftables.ChainHookPrerouting, chainHandoverOutput: nftables.ChainHookOutput} {
+			ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: nftables.ChainPriorityRaw})
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
+		}
+		return nil
+	})
 }
