@@ -12,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 )
 
 // Connections IPVS forwarded outlive the backend's Cleanup (a switch away
@@ -58,17 +60,7 @@ type forwardedFlow struct {
 }
 
 func (fl forwardedFlow) String() string {
-	return fmt.Sprintf("%s %s -> %s via %s", protoName(fl.proto), fl.client, fl.service, fl.endpoint)
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	}
-	return fmt.Sprint(p)
+	return fmt.Sprintf("%s %s -> %s via %s", nft.ProtoName(fl.proto), fl.client, fl.service, fl.endpoint)
 }
 
 func addrPort(ip []byte, port uint16) netip.AddrPort {
