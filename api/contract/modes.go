@@ -62,7 +62,10 @@ var (
 	// filters and masquerades with an nftables helper table
 	// (nodeagent/dataplane/ipvs), which needs nftablesCommon: no ipset
 	// or xtables module, which is how kube-proxy's IPVS mode does it.
-	ipvsModules = []string{IPVSModule, "dummy"}
+	// nf_conntrack_netlink (ctnetlink) is for leaving ipvs: Cleanup hands
+	// the connections IPVS forwarded over to conntrack NAT entries it
+	// writes over ctnetlink.
+	ipvsModules = []string{IPVSModule, "dummy", "nf_conntrack_netlink"}
 
 	// iptablesBackends are the tables of each iptables backend: the
 	// legacy one's ip_tables and ip6_tables with their filter and nat

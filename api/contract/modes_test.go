@@ -16,7 +16,7 @@ func TestModulesFor(t *testing.T) {
 		lacks    []string
 	}{
 		{"ipvs default scheduler", func() ([]string, error) { return ModulesFor("ipvs", "") },
-			[]string{"ip_vs", "ip_vs_rr", "nf_conntrack", "nf_nat", "dummy", "nf_tables", "nft_ct", "nft_chain_nat", "nft_masq", "nft_reject_ipv4", "nft_reject_ipv6", "nft_fib_ipv4", "nft_fib_ipv6"},
+			[]string{"ip_vs", "ip_vs_rr", "nf_conntrack", "nf_nat", "dummy", "nf_conntrack_netlink", "nf_tables", "nft_ct", "nft_chain_nat", "nft_masq", "nft_reject_ipv4", "nft_reject_ipv6", "nft_fib_ipv4", "nft_fib_ipv6"},
 			[]string{"ip_vs_wrr", "x_tables", "xt_set", "ip_set", "xt_MASQUERADE", "nft_nat", "nft_numgen"}},
 		{"ipvs typed", func() ([]string, error) { return ModulesFor(v1alpha1.ModeIPVS, v1alpha1.IPVSScheduler("wrr")) },
 			[]string{"ip_vs", "ip_vs_wrr"}, []string{"ip_vs_rr"}},

@@ -14,7 +14,7 @@
 #
 # Environment:
 #   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
-#   PROXYSHIFT_VM_TIMEOUT=900  seconds before the VM is killed
+#   PROXYSHIFT_VM_TIMEOUT=2400 seconds before the VM is killed
 #   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
 #   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
 #   PROXYSHIFT_VM_PACKAGES=RE  only the packages of packages.txt matching RE
@@ -31,7 +31,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
 VM_CACHE="$CACHE_ROOT/vm"
-TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-900}"
+TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-2400}"
 MEMORY="${PROXYSHIFT_VM_MEMORY:-512}"
 LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
 

@@ -58,7 +58,7 @@ func TestVMSwitchIPVSDualStack(t *testing.T) {
 // cluster IP's twin in the lab, the same NodePort, the pods' IPv6
 // addresses as endpoints.
 func dualStackWeb(pods []*netlab.Pod) *model.Snapshot {
-	snap := web(pods)
+	snap := web(podIPs(pods))
 	for _, sp := range snap.Ports[corev1.IPv4Protocol] {
 		sp6 := *sp
 		sp6.Family, sp6.ClusterIP = corev1.IPv6Protocol, netlab.IPv6Of(sp.ClusterIP)

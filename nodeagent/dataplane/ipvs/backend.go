@@ -408,7 +408,27 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return removed, err
 		}
-		for _, k := range deletable(b.exclude, slices.SortedFunc(maps.Keys(ours), compareKeys)) {
+		gone := deletable(b.exclude, slices.SortedFunc(maps.Keys(ours), compareKeys))
+		// The connections IPVS forwarded through them, read before they
+		// go, are handed over to conntrack's NAT after (handover.go). A
+		// failed handover fails this Cleanup, and the next one, with
+		// nothing left to delete, succeeds.
+		var flows []forwardedFlow
+		if len(gone) > 0 {
+			deleted := map[vsKey]bool{}
+			for _, k := range gone {
+				deleted[k] = true
+			}
+			if flows, err = kn.forwarded(f, deleted); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(flows) > 0 {
+			if err := kn.blockFlows(f, flows); err != nil {
+				errs = append(errs, fmt.Errorf("ipvs: hold the packets of the connections to hand over: %w", err))
+			}
+		}
+		for _, k := range gone {
 			if err := kn.removeServices(f, []vsKey{k}); err != nil {
 				errs = append(errs, err)
 				continue
@@ -418,6 +438,13 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 				line += " (" + port + ")"
 			}
 			removed = append(removed, line)
+		}
+		if len(flows) > 0 {
+			n, err := kn.handOver(ctx, f, flows)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			removed = append(removed, fmt.Sprintf("IPVS's translation of %d of %d connections (handed over to conntrack NAT entries)", n, len(flows)))
 		}
 	}
 	b.state = map[*family]*familyState{}

@@ -42,6 +42,12 @@
 //     syncs read the kernel back and repair any drift. New does not touch
 //     the kernel, so a restarted agent keeps traffic flowing until its
 //     first sync, which finds everything in place and changes nothing.
+//   - Leaving IPVS keeps connections: IPVS translates its connections
+//     itself, and deletes their conntrack entries when its virtual
+//     services go, so Cleanup hands each connection IPVS forwarded over to
+//     a conntrack entry with the same NAT, written over ctnetlink, and
+//     holds the connection's packets until that is done (handover.go).
+//     The mode the node switches to then carries them like its own.
 //   - Rendering and planning are pure: renderPort turns a service port
 //     into virtual services and elements, fullPlan and incrementalPlan
 //     turn them into ordered kernel work, which apply carries out.

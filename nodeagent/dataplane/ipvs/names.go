@@ -53,3 +53,15 @@ const (
 	// endpoint to itself, after IPVS chose it for its own service.
 	setHairpin = "hairpin"
 )
+
+// What the helper table holds only while Cleanup hands connections over
+// to conntrack (handover.go), gone with the table.
+const (
+	// chainHandoverPrerouting and chainHandoverOutput drop the packets of
+	// the flows in setHandover before conntrack sees them.
+	chainHandoverPrerouting = "handover-prerouting"
+	chainHandoverOutput     = "handover-output"
+	// setHandover holds both directions of every flow handed over, as
+	// "saddr . daddr . l4proto . sport . dport".
+	setHandover = "handover"
+)
