@@ -25,6 +25,7 @@ func TestNodeWithoutIPv6(t *testing.T) {
 	netlab.RequireIPv6(t)
 	for _, row := range backends {
 		t.Run(row.name, func(t *testing.T) {
+			skipHostRowInVM(t, row)
 			lab := netlab.NewLab(t)
 			node := lab.Node
 			row.skip(t, node.NS)
