@@ -40,12 +40,17 @@ func TestFindingsFromRealServices(t *testing.T) {
 	pc.Spec.Rollout.Paused = true
 	w.create(pc)
 
-	w.waitFor("the findings", 30*time.Second, func() bool { return len(w.config("pc").Status.Findings) > 0 })
-	c := w.config("pc")
 	want := map[string][]string{
 		findings.CodeLocalhostNodePortsNotServed: {"default/front", "default/web"},
 		findings.CodeLeavingKubeProxy:            {"node/node-00", "node/node-01", "node/node-02"},
 	}
+	// The findings name a node once its agent has reported: wait for all
+	// three (they report at their own pace).
+	w.waitFor("the findings of all three nodes", 30*time.Second, func() bool {
+		f, ok := finding(w.config("pc"), findings.CodeLeavingKubeProxy)
+		return ok && len(f.Objects) == 3
+	})
+	c := w.config("pc")
 	if len(c.Status.Findings) != len(want) {
 		t.Errorf("findings %+v, want only %v", c.Status.Findings, slices.Sorted(maps.Keys(want)))
 	}
