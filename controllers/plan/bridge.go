@@ -142,7 +142,7 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	if b.st.Stage == v1alpha1.BridgeTakingOver || b.st.Stage == v1alpha1.BridgeReconfiguring {
 		if out := p.outsidePods(); len(out) > 0 {
 			return refuse(ReasonKubeProxyScope, fmt.Sprintf("kube-proxy's mode is one setting for its whole DaemonSet, and its pods run on %d nodes this ProxyConfig does not select (%s): "+
-				"select every node that runs kube-proxy (an empty nodeSelector selects all), or remove kube-proxy from those nodes first", len(out), strings.Join(cut(out, 5), ", ")))
+				"select every node that runs kube-proxy (an empty nodeSelector selects all), or remove kube-proxy from those nodes first", len(out), nameList(out, 5)))
 		}
 	}
 	if b.st.Stage == v1alpha1.BridgeTakingOver && !b.st.RollingBack {
@@ -300,15 +300,15 @@ func rolloutFailed(o outcome) bool {
 func (p *pass) reconfigure(o outcome) outcome {
 	b := p.br
 	o.phase, o.stage = v1alpha1.RolloutProgressing, ReasonReconfiguringKubeProxy
-	var running []string
+	var running []*nodeState
 	for _, n := range p.sel.nodes {
 		if n.pn == nil || !n.pn.Spec.KubeProxyStopped {
-			running = append(running, n.name)
+			running = append(running, n)
 		}
 	}
 	switch {
 	case len(running) > 0:
-		o.stageMsg = fmt.Sprintf("%s: every node runs proxyshift %s; waiting for kube-proxy's pods to leave %d nodes (%s)", b.what(), b.st.Bridge, len(running), strings.Join(cut(running, 5), ", "))
+		o.stageMsg = fmt.Sprintf("%s: every node runs proxyshift %s; waiting for kube-proxy's pods to leave %d nodes (%s)", b.what(), b.st.Bridge, len(running), names(running, 5))
 	case b.conf.Mode == b.st.To:
 		b.st.Stage = v1alpha1.BridgeHandingBack
 		verb := "now says"
@@ -377,11 +377,4 @@ func (p *pass) bridgeReady(ready metav1.Condition) metav1.Condition {
 	}
 	ready.Message = fmt.Sprintf("changing kube-proxy's mode %s → %s: stage %s; %s", b.st.From, b.st.To, b.st.Stage, ready.Message)
 	return ready
-}
-
-func cut(names []string, n int) []string {
-	if len(names) <= n {
-		return names
-	}
-	return append(names[:n:n], fmt.Sprintf("and %d more", len(names)-n))
 }

@@ -84,15 +84,19 @@ func acknowledgementText(fs []v1alpha1.Finding) string {
 
 // names lists up to max of ns by name.
 func names(ns []*nodeState, max int) string {
-	var out []string
+	out := make([]string, len(ns))
 	for i, n := range ns {
-		if i == max {
-			out = append(out, fmt.Sprintf("and %d more", len(ns)-max))
-			break
-		}
-		out = append(out, n.name)
+		out[i] = n.name
 	}
-	return strings.Join(out, ", ")
+	return nameList(out, max)
+}
+
+// nameList joins at most max names, saying how many more there are.
+func nameList(ns []string, max int) string {
+	if len(ns) > max {
+		ns = append(ns[:max:max], fmt.Sprintf("and %d more", len(ns)-max))
+	}
+	return strings.Join(ns, ", ")
 }
 
 func equalTimes(a, b *metav1.Time) bool {
