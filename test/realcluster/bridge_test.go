@@ -120,10 +120,7 @@ func requireKubeProxyIn(t *testing.T, c *Cluster, s e2e.Snapshot, mode v1alpha1.
 // says the mode; the move back restores the ConfigMap byte for byte.
 func checkKubeProxyModeChange(t *testing.T, c *Cluster, cl client.Client) {
 	before, _ := kubeProxyConfig(t, c)
-	all := make([]string, 0, len(c.Nodes))
-	for _, n := range c.Nodes {
-		all = append(all, n.Name)
-	}
+	all := nodeNames(c)
 	traffic := startPodTraffic(t, c)
 	placement := watchPlacement(t, c, cl)
 	const name = "kube-proxy-mode"
@@ -189,10 +186,7 @@ func checkFailedKubeProxyModeChange(t *testing.T, c *Cluster, cl client.Client) 
 		t.Errorf("the failure %q does not say why", b.Failure)
 	}
 	t.Logf("rolled back: %s", b.Failure)
-	all := make([]string, 0, len(c.Nodes))
-	for _, n := range c.Nodes {
-		all = append(all, n.Name)
-	}
+	all := nodeNames(c)
 	requirePlacement(t, c, all)
 	requireKubeProxyIn(t, c, s, v1alpha1.ModeIPTables, start)
 	if text, ann := kubeProxyConfig(t, c); text != before || ann[kubeproxyconfig.AnnotationPrevious] != "" {

@@ -245,6 +245,15 @@ func kubeProxyNodes(t *testing.T, c *Cluster) []string {
 	return out
 }
 
+// nodeNames are the names of the cluster's nodes.
+func nodeNames(c *Cluster) []string {
+	out := make([]string, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
 // requirePlacement waits (a minute at most: a pod that left may still be
 // terminating, one that returns may be starting) until kube-proxy runs
 // exactly on nodes.
@@ -332,10 +341,7 @@ func checkMigration(t *testing.T, c *Cluster, cl client.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := make([]string, 0, len(c.Nodes))
-	for _, n := range c.Nodes {
-		all = append(all, n.Name)
-	}
+	all := nodeNames(c)
 	traffic := startPodTraffic(t, c)
 	placement := watchPlacement(t, c, cl)
 	const name = "migrate"
@@ -478,10 +484,7 @@ func checkFailedTakeover(t *testing.T, c *Cluster, cl client.Client) {
 			t.Errorf("%s, not the canary, was asked for %s", pn.Name, pn.Spec.DesiredMode)
 		}
 	}
-	all := make([]string, 0, len(c.Nodes))
-	for _, n := range c.Nodes {
-		all = append(all, n.Name)
-	}
+	all := nodeNames(c)
 	requirePlacement(t, c, all)
 	requireOwner(t, c, v1alpha1.ModeKubeProxy)
 	traffic.check(t, "a failed takeover of "+canary)
