@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
@@ -96,7 +97,7 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	defer b.mu.Unlock()
 	var errs []error
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
-		return b.syncFamily(f, ports, req)
+		return b.syncFamily(ctx, f, ports, req)
 	}); err != nil {
 		errs = append(errs, err)
 	}
@@ -109,17 +110,42 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 
 // syncFamily syncs one family, refusing (with a *nft.ForeignTableError)
 // a table of our name that another program created.
-func (b *Backend) syncFamily(f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
+func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
 	if _, err := nft.FindTable(b.netns, f, TableName); err != nil {
 		delete(b.state, f)
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if st := b.state[f]; st != nil && !req.Full {
+	st := b.state[f]
+	switch {
+	case st != nil && req.Resync:
+		why := rewriteReason(st.rs)
+		if why == "" {
+			var err error
+			if why, err = b.verify(ctx, f, st); err != nil || why == "" {
+				return err
+			}
+		}
+		klog.InfoS("Periodic resync rewrites the nftables table", "family", f.Name, "reason", why)
+	case st != nil && !req.Full:
 		if err := b.incremental(f, st, ports, req.Changed); err == nil {
 			return nil
 		}
 	}
 	return b.full(f, ports)
+}
+
+// rewriteReason says why a periodic resync must rewrite the table whatever
+// the kernel holds ("" when it need not): a port lost a shared key to
+// another (ruleset.contested), or incremental syncs left the endpoint
+// maps sparse (port ids are compacted only by a rewrite).
+func rewriteReason(rs *ruleset) string {
+	switch {
+	case rs.contested:
+		return "a service port waits for a key another one held"
+	case int(rs.nextID) > 2*len(rs.ports)+4*endpointMapPorts:
+		return fmt.Sprintf("port ids run to %d for %d ports", rs.nextID, len(rs.ports))
+	}
+	return ""
 }
 
 // full rewrites the family's table from the model.
@@ -177,6 +203,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		st.counts = st.counts.Plus(ch.new.counts())
 	}
 	st.counts.Rules += len(st.rs.hairpin)
+	st.rs.contested = st.rs.contested || slices.ContainsFunc(changes, func(ch portChange) bool { return ch.lostKey })
 	// A chain flushed by an earlier sync may be wanted again: it exists,
 	// empty, and this sync has refilled it.
 	for _, c := range stale {
@@ -208,6 +235,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 			continue
 		}
 		var nw *portObjects
+		contested := false
 		if sp != nil {
 			id := nextID
 			if old != nil {
@@ -221,6 +249,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 				for _, e := range elems {
 					if owner, ok := st.claims[m][e.text]; ok && owner != name {
 						if _, alsoChanged := changed[owner]; !alsoChanged {
+							contested = true
 							continue
 						}
 					}
@@ -228,9 +257,11 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 				}
 				nw.shared[m] = kept
 			}
-			batch.claim(name, nw)
+			if batch.claim(name, nw) {
+				contested = true
+			}
 		}
-		changes = append(changes, portChange{name: name, old: old, new: nw})
+		changes = append(changes, portChange{name: name, old: old, new: nw, lostKey: contested})
 	}
 	return changes
 }

@@ -90,13 +90,20 @@ func RuleCounts(netns nsexec.NS, fam nftables.TableFamily, table string) (map[st
 // table (attribute tableAttr), calling fn with each answer's attributes.
 // A table that does not exist is no error: fn is not called.
 func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, table string, fn func(*netlink.AttributeDecoder)) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(tableAttr, table)
+	return dumpWith(netns, fam, msgType, ae, fn)
+}
+
+// dumpWith runs one dump request of type msgType (family fam) with the
+// attributes ae holds, calling fn with each answer's attributes. An
+// object that does not exist is no error: fn is not called.
+func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	c, err := dial(netns)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ae := netlink.NewAttributeEncoder()
-	ae.String(tableAttr, table)
 	attrs, err := ae.Encode()
 	if err != nil {
 		return err

@@ -1,0 +1,187 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+)
+
+// The periodic resync (dataplane.SyncRequest.Resync) verifies and
+// repairs: it reads the family's table back, one object at a time, and
+// compares it with what the backend last programmed (familyState). Only
+// when they differ does it rewrite the table (full), which is what every
+// periodic resync did before: a rewrite at 10 000 services takes about a
+// second and holds up every change behind it. Reading writes nothing and
+// stops between two objects as soon as ctx ends (a change is waiting),
+// so a change waits at most for the read of one object.
+
+// verify compares family f's table in the kernel with st. It returns
+// what differs first ("" when nothing does), or ctx's error when ctx
+// ended before it was done.
+func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (string, error) {
+	conn, t, err := nft.OpenTable(b.netns, f, TableName)
+	if err != nil {
+		return "", fmt.Errorf("nftables: %w", err)
+	}
+	if t == nil {
+		return "the table is missing", nil
+	}
+	want := expectedObjects(st.rs)
+
+	chains, err := conn.ListChainsOfTableFamily(f.Table)
+	if err != nil {
+		return "", fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
+	}
+	have := map[string]*nftables.Chain{}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == TableName {
+			have[c.Name] = c
+		}
+	}
+	for name, c := range want.chains {
+		k := have[name]
+		if k == nil {
+			return "chain " + name + " is missing", nil
+		}
+		if !c.SameHook(k) {
+			return "chain " + name + " has another hook", nil
+		}
+	}
+	for name := range have {
+		if want.chains[name] == nil && !b.stale[f][name] {
+			return "chain " + name + " is not ours", nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
+	if err != nil {
+		return "", err
+	}
+	for name := range have {
+		wantRules := 0
+		if c := want.chains[name]; c != nil {
+			wantRules = len(c.Rules)
+		}
+		if counts[name] != wantRules {
+			return fmt.Sprintf("chain %s has %d rules, not %d", name, counts[name], wantRules), nil
+		}
+	}
+
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return "", fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
+	}
+	haveSets := map[string]*nftables.Set{}
+	for _, s := range sets {
+		if !s.Anonymous {
+			haveSets[s.Name] = s
+		}
+	}
+	for name := range haveSets {
+		if want.sets[name] == nil {
+			return "set " + name + " is not ours", nil
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		s, k := want.sets[name], haveSets[name]
+		if k == nil {
+			return "set " + name + " is missing", nil
+		}
+		if !s.sameDefinition(k) {
+			return "set " + name + " has another definition", nil
+		}
+		if s.dynamic() {
+			continue // the packet path fills it
+		}
+		elems, err := nft.SetElementTexts(b.netns, f.Table, TableName, name)
+		if err != nil {
+			return "", fmt.Errorf("nftables: %s: %w", f.Name, err)
+		}
+		if why := compareElements(s, want.elems[name], elems); why != "" {
+			return "set " + name + " " + why, nil
+		}
+	}
+	return "", nil
+}
+
+// wanted are the chains and sets a ruleset puts in the kernel, and
+// each set's elements, gathered without copying them.
+type wanted struct {
+	chains map[string]*chain
+	sets   map[string]*set
+	// elems are each set's elements in pieces (its own, then each
+	// port's); the hairpin set's pieces overlap.
+	elems map[string][][]element
+}
+
+func expectedObjects(rs *ruleset) wanted {
+	e := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
+	for _, c := range rs.chains {
+		e.chains[c.Name] = c
+	}
+	for _, s := range rs.sets {
+		e.sets[s.name] = s
+		e.elems[s.name] = append(e.elems[s.name], s.elems)
+	}
+	for _, objs := range rs.ports {
+		for _, c := range objs.chains {
+			e.chains[c.Name] = c
+		}
+		for _, s := range objs.sets {
+			e.sets[s.name] = s
+			e.elems[s.name] = append(e.elems[s.name], s.elems)
+		}
+		for m, elems := range objs.shared {
+			e.elems[m] = append(e.elems[m], elems)
+		}
+		e.elems[setHairpin] = append(e.elems[setHairpin], objs.hairpin)
+		if m := objs.endpointMap; m != nil {
+			if e.sets[m.name] == nil {
+				e.sets[m.name] = m
+			}
+			e.elems[m.name] = append(e.elems[m.name], objs.endpointElems)
+		}
+	}
+	return e
+}
+
+// compareElements says how the elements the kernel listed for s differ
+// from the pieces of elements written to it ("" when they do not).
+func compareElements(s *set, pieces [][]element, listed []string) string {
+	ks := s.kernel(nil)
+	want := map[string]bool{}
+	seen := map[string]bool{}
+	for _, p := range pieces {
+		var fresh []element
+		for _, e := range p {
+			if !seen[e.text] {
+				seen[e.text] = true
+				fresh = append(fresh, e)
+			}
+		}
+		for _, text := range nft.ElementTexts(ks, fresh, (*element).kernel) {
+			want[text] = true
+		}
+	}
+	have := make(map[string]bool, len(listed))
+	for _, text := range listed {
+		if !want[text] {
+			return "holds an element not ours: " + text
+		}
+		have[text] = true
+	}
+	if len(have) != len(want) {
+		return fmt.Sprintf("lacks %d elements", len(want)-len(have))
+	}
+	return ""
+}
