@@ -18,7 +18,9 @@ import (
 // periodic resync did before: a rewrite at 10 000 services takes about a
 // second and holds up every change behind it. Reading writes nothing and
 // stops between two objects as soon as ctx ends (a change is waiting),
-// so a change waits at most for the read of one object.
+// so a change waits for no read: the reads go over one netlink socket
+// (nft.Reader), which is closed the moment ctx ends, a dump under way
+// included.
 
 // verify compares family f's table in the kernel with st. It returns
 // what differs first ("" when nothing does), or ctx's error when ctx
@@ -57,10 +59,12 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 			return "chain " + name + " is not ours", nil
 		}
 	}
-	if err := ctx.Err(); err != nil {
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	if err != nil {
 		return "", err
 	}
-	counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
+	defer r.Close()
+	counts, err := r.RuleCounts()
 	if err != nil {
 		return "", err
 	}
@@ -103,9 +107,9 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 		if s.dynamic() {
 			continue // the packet path fills it
 		}
-		elems, err := nft.SetElementTexts(b.netns, f.Table, TableName, name)
+		elems, err := r.ElementTexts(name)
 		if err != nil {
-			return "", fmt.Errorf("nftables: %s: %w", f.Name, err)
+			return "", err
 		}
 		if why := compareElements(s, want.elems[name], elems); why != "" {
 			return "set " + name + " " + why, nil
@@ -176,7 +180,7 @@ func compareElements(s *set, pieces [][]element, listed []string) string {
 	have := make(map[string]bool, len(listed))
 	for _, text := range listed {
 		if !want[text] {
-			return "holds an element not ours: " + text
+			return "holds an element not ours: " + nft.ElementString(text)
 		}
 		have[text] = true
 	}

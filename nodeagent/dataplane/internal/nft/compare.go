@@ -1,11 +1,10 @@
 package nft
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -32,41 +31,103 @@ func ElementTexts[E any](s *nftables.Set, elems []E, elem func(*E) Element) []st
 }
 
 // ElementText is one element of a set as the kernel lists it, as text
-// that compares: key, end of the range, interval-end flag, data and
-// verdict (not the comment, which is the element's user data).
+// that compares (not for reading: ElementString is): key, end of the
+// range, interval-end flag, data and verdict, each behind its length
+// (not the comment, which is the element's user data).
 func ElementText(e nftables.SetElement) string {
-	var b strings.Builder
-	b.WriteString(hex.EncodeToString(e.Key))
-	if len(e.KeyEnd) > 0 {
-		b.WriteByte('-')
-		b.WriteString(hex.EncodeToString(e.KeyEnd))
+	b := make([]byte, 0, 16+len(e.Key)+len(e.KeyEnd)+len(e.Val))
+	field := func(v []byte) {
+		b = append(b, byte(len(v)))
+		b = append(b, v...)
 	}
+	field(e.Key)
+	field(e.KeyEnd)
 	if e.IntervalEnd {
-		b.WriteString(" end")
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
 	}
-	if len(e.Val) > 0 {
-		b.WriteString(" : ")
-		b.WriteString(hex.EncodeToString(e.Val))
-	}
+	field(e.Val)
 	if v := e.VerdictData; v != nil {
-		b.WriteString(" : ")
-		b.WriteString(strconv.Itoa(int(v.Kind)))
-		b.WriteByte(' ')
-		b.WriteString(v.Chain)
+		b = binary.BigEndian.AppendUint32(b, uint32(int32(v.Kind)))
+		field([]byte(v.Chain))
 	}
-	return b.String()
+	return string(b)
 }
 
-// SetElementTexts lists the elements of set in table (family fam) in
-// network namespace netns, each as ElementText gives it, from one dump.
-// (google/nftables reads elements back without their verdicts.)
-func SetElementTexts(netns nsexec.NS, fam nftables.TableFamily, table, set string) ([]string, error) {
+// ElementString makes a text of ElementText readable, for messages.
+func ElementString(text string) string { return hex.EncodeToString([]byte(text)) }
+
+// Reader reads one table's objects back over one netlink socket, one
+// request at a time, and stops as soon as its context ends: it closes
+// the socket then, which ends a request under way (a dump of every rule
+// of a large table is one long request: each of its messages resumes by
+// skipping the rules already sent).
+type Reader struct {
+	ctx   context.Context
+	c     *netlink.Conn
+	fam   nftables.TableFamily
+	table string
+	stop  func() bool
+}
+
+// NewReader opens a Reader of table (family fam) in network namespace
+// netns, until ctx ends. Close it after use.
+func NewReader(ctx context.Context, netns nsexec.NS, fam nftables.TableFamily, table string) (*Reader, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{ctx: ctx, c: c, fam: fam, table: table}
+	r.stop = context.AfterFunc(ctx, func() { _ = c.Close() })
+	return r, nil
+}
+
+// Close closes the socket.
+func (r *Reader) Close() error {
+	if r.stop() {
+		return r.c.Close()
+	}
+	return nil
+}
+
+// failed is err, or the context's error when the context ended.
+func (r *Reader) failed(err error) error {
+	if cerr := r.ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// RuleCounts returns the number of rules of each chain that has any,
+// from one dump of the table's rules.
+func (r *Reader) RuleCounts() (map[string]int, error) {
 	ae := netlink.NewAttributeEncoder()
-	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	ae.String(unix.NFTA_RULE_TABLE, r.table)
+	counts := map[string]int{}
+	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(ad *netlink.AttributeDecoder) {
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_RULE_CHAIN {
+				counts[ad.String()]++
+			}
+		}
+	})
+	if err != nil {
+		return nil, r.failed(fmt.Errorf("nft: list the rules of %s: %w", r.table, err))
+	}
+	return counts, nil
+}
+
+// ElementTexts lists the elements of set, each as ElementText gives it,
+// from one dump. (google/nftables reads elements back without their
+// verdicts.)
+func (r *Reader) ElementTexts(set string) ([]string, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, r.table)
 	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
 	var out []string
 	var bad error
-	err := dumpWith(netns, fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
+	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
 		for ad.Next() {
 			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 				continue
@@ -90,7 +151,7 @@ func SetElementTexts(netns nsexec.NS, fam nftables.TableFamily, table, set strin
 		err = bad
 	}
 	if err != nil {
-		return nil, fmt.Errorf("nft: list the elements of %s: %w", set, err)
+		return nil, r.failed(fmt.Errorf("nft: list the elements of %s: %w", set, err))
 	}
 	return out, nil
 }

@@ -104,6 +104,11 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 		return err
 	}
 	defer c.Close()
+	return dumpOn(c, fam, msgType, ae, fn)
+}
+
+// dumpOn is dumpWith on the open socket c.
+func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	attrs, err := ae.Encode()
 	if err != nil {
 		return err
