@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -121,7 +122,15 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 }
 
 func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
-	if rs := b.state[f]; rs != nil && !req.Full {
+	rs := b.state[f]
+	switch {
+	case rs != nil && req.Resync:
+		why, err := b.verify(ctx, f, rs)
+		if err != nil || why == "" {
+			return err
+		}
+		klog.InfoS("Periodic resync rewrites proxyshift's iptables chains", "tool", b.run.tool(f), "reason", why)
+	case rs != nil && !req.Full:
 		if err := b.incremental(ctx, f, rs, ports, req.Changed); err == nil {
 			return nil
 		}

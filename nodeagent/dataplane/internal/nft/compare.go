@@ -93,10 +93,18 @@ func (r *Reader) Close() error {
 
 // failed is err, or the context's error when the context ended.
 func (r *Reader) failed(err error) error {
+	if err == nil {
+		return nil
+	}
 	if cerr := r.ctx.Err(); cerr != nil {
 		return cerr
 	}
 	return err
+}
+
+// EachChain is the package's EachChain on the Reader's socket.
+func (r *Reader) EachChain(fn func(name string, base bool)) error {
+	return r.failed(eachChainOn(r.c, r.fam, r.table, fn))
 }
 
 // RuleCounts returns the number of rules of each chain that has any,

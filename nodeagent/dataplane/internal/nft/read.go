@@ -40,7 +40,19 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 // base chain (attached to a hook). fn is not called when there is no such
 // table.
 func EachChain(netns nsexec.NS, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
-	err := dump(netns, fam, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table, func(ad *netlink.AttributeDecoder) {
+	c, err := dial(netns)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return eachChainOn(c, fam, table, fn)
+}
+
+// eachChainOn is EachChain on the open socket c.
+func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_CHAIN_TABLE, table)
+	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, ae, func(ad *netlink.AttributeDecoder) {
 		var t, name string
 		base := false
 		for ad.Next() {
