@@ -89,12 +89,15 @@ func New(cfg Config, source Source, backend dataplane.Backend, metrics *Metrics)
 // moment without pending changes, and is preemptible: it runs with a
 // context that ends as soon as a change is signalled, so a backend that
 // verifies the kernel (dataplane.SyncRequest.Resync) stops reading, the
-// change is synced at once, and the resync runs again afterwards. A full
-// sync the loop needs for itself (the first one, or after a failure) is
-// not preempted: the changes it takes are in it.
+// change is synced at once, and the resync runs again afterwards. A
+// resync overdue by another SyncPeriod runs to its end. A resync does not
+// count for MinSyncPeriod: it normally writes nothing, and must not delay
+// the next change. A full sync the loop needs for itself (the first one,
+// or after a failure) is not preempted: the changes it takes are in it.
 func (l *Loop) Run(ctx context.Context) {
 	needFull := true   // the next sync rewrites everything
 	resyncDue := false // a periodic resync waits for a moment without changes
+	var dueSince time.Time
 	signalled := false // a change was signalled while a resync ran
 	lastFull := time.Time{}
 	lastStart := time.Time{}
@@ -115,7 +118,7 @@ func (l *Loop) Run(ctx context.Context) {
 			case <-l.source.Changed():
 				l.markPending(time.Now())
 			case <-resync.C:
-				resyncDue = true
+				resyncDue, dueSince = true, time.Now()
 			}
 			resync.Stop()
 		}
@@ -137,8 +140,8 @@ func (l *Loop) Run(ctx context.Context) {
 
 		snap, changes := l.source.Snapshot()
 		l.triggers = append(l.triggers, snap.Triggers...)
-		if time.Since(lastFull) >= l.cfg.SyncPeriod {
-			resyncDue = true
+		if !resyncDue && time.Since(lastFull) >= l.cfg.SyncPeriod {
+			resyncDue, dueSince = true, time.Now()
 		}
 		var res Result
 		switch {
@@ -146,8 +149,11 @@ func (l *Loop) Run(ctx context.Context) {
 			lastStart = time.Now()
 			res = l.syncOnce(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: needFull})
 		case resyncDue:
+			// Changes preempt a resync for one SyncPeriod; after that it
+			// runs to its end, so that constant churn cannot keep drift
+			// from being repaired.
 			var preempted bool
-			res, preempted, signalled = l.resync(ctx, snap)
+			res, preempted, signalled = l.resync(ctx, snap, time.Since(dueSince) < l.cfg.SyncPeriod)
 			if preempted {
 				continue
 			}
@@ -176,10 +182,15 @@ func (l *Loop) Run(ctx context.Context) {
 }
 
 // resync runs a periodic resync of snap, preempted by the first change
-// signalled meanwhile. It reports whether the resync was preempted (the
-// backend stopped; nothing is recorded) and whether a change was
-// signalled (the resync may have finished all the same).
-func (l *Loop) resync(ctx context.Context, snap *model.Snapshot) (res Result, preempted, signalled bool) {
+// signalled meanwhile if preemptible. It reports whether the resync was
+// preempted (the backend stopped; nothing is recorded) and whether a
+// change was signalled (the resync may have finished all the same).
+func (l *Loop) resync(ctx context.Context, snap *model.Snapshot, preemptible bool) (res Result, preempted, signalled bool) {
+	req := dataplane.SyncRequest{Model: snap, Full: true, Resync: true}
+	if !preemptible {
+		klog.V(2).InfoS("Periodic resync overdue; not yielding to changes this time", "backend", l.backend.Mode())
+		return l.syncOnce(ctx, req), false, false
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	arrived := make(chan bool, 1)
 	go func() {
@@ -192,7 +203,6 @@ func (l *Loop) resync(ctx context.Context, snap *model.Snapshot) (res Result, pr
 			arrived <- false
 		}
 	}()
-	req := dataplane.SyncRequest{Model: snap, Full: true, Resync: true}
 	start := time.Now()
 	counts, err := l.backend.Sync(rctx, req)
 	preempted = dataplane.Preempted(rctx, req, err) && ctx.Err() == nil

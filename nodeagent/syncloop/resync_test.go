@@ -128,3 +128,38 @@ func (b *recordingBackend) snapshotLast() dataplane.SyncRequest {
 	s, _ := b.snapshot()
 	return s[len(s)-1]
 }
+
+// TestOverdueResyncRunsToItsEnd: changes that keep coming preempt a
+// resync for one SyncPeriod at most; then it runs without yielding, and
+// the changes that arrived meanwhile are synced right after it.
+func TestOverdueResyncRunsToItsEnd(t *testing.T) {
+	src := newFakeSource()
+	be := &slowResyncBackend{resyncTime: 150 * time.Millisecond}
+	const period = 300 * time.Millisecond
+	run(t, Config{SyncPeriod: period}, src, be, nil)
+	stop := make(chan struct{})
+	churned := make(chan struct{})
+	go func() {
+		defer close(churned)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				src.change("churn")
+			}
+		}
+	}()
+	waitFor(t, "a resync that finished despite the churn", func() bool { _, f := be.counts(); return f >= 1 })
+	close(stop)
+	<-churned
+	if p, _ := be.counts(); p == 0 {
+		t.Error("no resync was preempted by a change every 20 ms")
+	}
+	src.change("last")
+	waitFor(t, "the last change synced", func() bool {
+		s, _ := be.snapshot()
+		_, ok := s[len(s)-1].Changed[model.ServicePortName{Namespace: "ns", Name: "last"}]
+		return ok
+	})
+}
