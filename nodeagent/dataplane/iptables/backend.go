@@ -93,7 +93,9 @@ func (b *Backend) Variant() Variant { return b.run.variant }
 // rewrites every proxyshift chain and jump rule, repairing any drift.
 // Callers should still ask for a full sync now and then, since drift that
 // an incremental sync does not trip over (a flushed chain, a deleted jump
-// rule) is only repaired by one.
+// rule) is only repaired by one. A periodic one (req.Resync) reads the
+// tables back first and rewrites them only when they differ from what
+// the backend programmed (see verify).
 //
 // The first successful sync after New or Cleanup also removes any
 // proxyshift objects from the other iptables variant, so that rules are

@@ -91,7 +91,9 @@ func (b *Backend) Mode() string { return "nftables" }
 // table from the model and so repairs any drift; a full sync that fails
 // in place is retried as a replacement of the whole table. Callers should
 // still ask for a full sync now and then, since drift that an incremental
-// sync does not trip over (a flushed chain) is only repaired by one.
+// sync does not trip over (a flushed chain) is only repaired by one. A
+// periodic one (req.Resync) reads the table back first and rewrites it
+// only when it differs from what the backend programmed (see verify).
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
