@@ -42,6 +42,8 @@ type familyState struct {
 	// counts are rs.counts(), kept up to date by incremental syncs so
 	// that they need not walk every port.
 	counts dataplane.Counts
+	// verified is how far a preempted verification got (see verify).
+	verified verifyProgress
 }
 
 var _ dataplane.Backend = (*Backend)(nil)

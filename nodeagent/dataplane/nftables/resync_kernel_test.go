@@ -247,3 +247,44 @@ func TestResyncRewritesWhenNeeded(t *testing.T) {
 		t.Error("a contested key: want a rewrite")
 	}
 }
+
+// TestKernelVerifyGoesOnWhereItStopped: a verification preempted by a
+// change keeps what it verified (a set verified before the damage is not
+// read again by the next attempt, which ends there and starts the one
+// after it afresh), so that a verification longer than the time between
+// two changes still ends.
+func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	st := b.state[ipv4]
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.verify(ctx, ipv4, st); !errors.Is(err, context.Canceled) {
+		t.Fatalf("verify with an ended context: %v", err)
+	}
+	// As if a first attempt had got past service-ips before a change.
+	st.verified = verifyProgress{chains: true, set: mapServiceIPs}
+	s := &nftables.Set{Name: mapServiceIPs, Table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}, IsMap: true}
+	elems, err := conn.GetSetElements(s)
+	if err != nil || len(elems) == 0 {
+		t.Fatalf("service-ips: %v, %v", elems, err)
+	}
+	if err := conn.SetDeleteElements(s, elems[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if why, err := b.verify(context.Background(), ipv4, st); err != nil || why != "" {
+		t.Fatalf("going on after service-ips: %q, %v; want no difference (the damage is behind)", why, err)
+	}
+	if st.verified != (verifyProgress{}) {
+		t.Fatalf("progress after a finished verification: %+v; want none", st.verified)
+	}
+	if why, err := b.verify(context.Background(), ipv4, st); err != nil || why == "" {
+		t.Fatalf("a fresh verification: %q, %v; want the deleted element found", why, err)
+	}
+}

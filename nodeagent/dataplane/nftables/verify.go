@@ -26,6 +26,30 @@ import (
 // what differs first ("" when nothing does), or ctx's error when ctx
 // ended before it was done.
 func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (string, error) {
+	why, err := b.verifyFrom(ctx, f, st, &st.verified)
+	if ctx.Err() == nil {
+		// Done (or failed): the next verification starts afresh.
+		st.verified = verifyProgress{}
+	}
+	return why, err
+}
+
+// verifyProgress is how far the verification of a family got before a
+// change preempted it: the next one goes on from there, so that a
+// verification longer than the time between two changes still ends.
+// What it verified before stays verified: the changes synced since were
+// the backend's own writes, and drift that came meanwhile is found by
+// the next periodic resync.
+type verifyProgress struct {
+	// chains says the chains and their rule counts were verified.
+	chains bool
+	// set is the last set verified, in name order ("" for none).
+	set string
+}
+
+// verifyFrom is verify, skipping what p says is verified and recording in
+// p what it verifies.
+func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p *verifyProgress) (string, error) {
 	conn, t, err := nft.OpenTable(b.netns, f, TableName)
 	if err != nil {
 		return "", fmt.Errorf("nftables: %w", err)
@@ -34,7 +58,23 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 		return "the table is missing", nil
 	}
 	want := expectedObjects(st.rs)
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	if !p.chains {
+		if why, err := b.verifyChains(conn, r, f, want); err != nil || why != "" {
+			return why, err
+		}
+		p.chains = true
+	}
+	return verifySets(ctx, conn, r, t, f, want, p)
+}
 
+// verifyChains compares the table's chains, their hooks and their rule
+// counts with want.
+func (b *Backend) verifyChains(conn *nftables.Conn, r *nft.Reader, f *family, want wanted) (string, error) {
 	chains, err := conn.ListChainsOfTableFamily(f.Table)
 	if err != nil {
 		return "", fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
@@ -59,11 +99,6 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 			return "chain " + name + " is not ours", nil
 		}
 	}
-	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
-	if err != nil {
-		return "", err
-	}
-	defer r.Close()
 	counts, err := r.RuleCounts()
 	if err != nil {
 		return "", err
@@ -77,7 +112,13 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 			return fmt.Sprintf("chain %s has %d rules, not %d", name, counts[name], wantRules), nil
 		}
 	}
+	return "", nil
+}
 
+// verifySets compares the table's sets, their definitions and their
+// elements with want, in name order after p.set, recording in p.set each
+// one verified.
+func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nftables.Table, f *family, want wanted, p *verifyProgress) (string, error) {
 	sets, err := conn.GetSets(t)
 	if err != nil {
 		return "", fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
@@ -94,6 +135,9 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
+		if name <= p.set {
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			return "", err
 		}
@@ -114,6 +158,7 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 		if why := compareElements(s, want.elems[name], elems); why != "" {
 			return "set " + name + " " + why, nil
 		}
+		p.set = name
 	}
 	return "", nil
 }
