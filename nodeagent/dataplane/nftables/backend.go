@@ -33,6 +33,13 @@ type Backend struct {
 	state map[*family]*familyState
 	// stale are chains already flushed and unreferenced, to delete.
 	stale map[*family]map[string]bool
+	// gen, when genKnown, is a ruleset generation (nft.Generation) at
+	// which the kernel was known to hold exactly the state: set by a
+	// periodic resync that verified every family and saw the generation
+	// stay, moved on by each commit of ours that follows it directly.
+	// While the generation stays there, a resync has nothing to verify.
+	gen      uint32
+	genKnown bool
 }
 
 // familyState is what the backend knows it programmed in one family.
@@ -99,17 +106,56 @@ func (b *Backend) Mode() string { return "nftables" }
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var g0 uint32
+	var genErr error
+	if req.Resync {
+		g0, genErr = nft.Generation(b.netns)
+		if genErr == nil && b.quiet(g0, req) {
+			return b.counts(), nil
+		}
+	}
 	var errs []error
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 		return b.syncFamily(ctx, f, ports, req)
 	}); err != nil {
 		errs = append(errs, err)
 	}
+	if req.Resync && len(errs) == 0 && genErr == nil {
+		// Every family verified (or repaired); if nothing committed
+		// meanwhile, the kernel holds the state at generation g0.
+		if g, err := nft.Generation(b.netns); err == nil && g == g0 {
+			b.gen, b.genKnown = g0, true
+		}
+	}
+	return b.counts(), errors.Join(errs...)
+}
+
+// counts adds up what every family programmed.
+func (b *Backend) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, st := range b.state {
 		c = c.Plus(st.counts)
 	}
-	return c, errors.Join(errs...)
+	return c
+}
+
+// quiet says whether a periodic resync of req has nothing to do: nothing
+// committed to nf_tables since the kernel was known to hold the state (at
+// generation gen), every family of the model has a state, and none needs
+// a rewrite whatever the kernel holds (rewriteReason).
+func (b *Backend) quiet(gen uint32, req dataplane.SyncRequest) bool {
+	if !b.genKnown || gen != b.gen || req.Model == nil {
+		return false
+	}
+	for _, f := range families {
+		if _, ok := req.Model.Ports[f.Model]; !ok {
+			continue
+		}
+		if st := b.state[f]; st == nil || rewriteReason(st.rs) != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // syncFamily syncs one family, refusing (with a *nft.ForeignTableError)
@@ -289,13 +335,29 @@ func (b *Backend) deleteStale(f *family) {
 	}
 }
 
-// commit sends ops as one transaction on the family's table.
+// commit sends ops as one transaction on the family's table. The known
+// generation (Backend.gen) moves on with it when nothing else committed
+// since and meanwhile; otherwise it is forgotten.
 func (b *Backend) commit(f *family, ops []op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	before, genErr := nft.Generation(b.netns)
+	follows := genErr == nil && b.genKnown && before == b.gen
+	b.genKnown = false
 	t := nft.NewTxn(b.netns)
 	if err := queue(t.Conn(), f, ops); err != nil {
 		return err
 	}
-	return t.Commit()
+	err := t.Commit()
+	want := before + 1
+	if err != nil {
+		want = before // a rejected transaction commits nothing
+	}
+	if after, gerr := nft.Generation(b.netns); follows && gerr == nil && after == want {
+		b.gen, b.genKnown = after, true
+	}
+	return err
 }
 
 // list reads the definitions of the chains and named sets of the
@@ -419,6 +481,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*familyState{}
 	b.stale = map[*family]map[string]bool{}
+	b.genKnown = false
 	var removed []string
 	var errs []error
 	for _, f := range families {

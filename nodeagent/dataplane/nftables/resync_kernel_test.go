@@ -288,3 +288,53 @@ func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
 		t.Fatalf("a fresh verification: %q, %v; want the deleted element found", why, err)
 	}
 }
+
+// TestKernelResyncTrustsAQuietGeneration: a resync that verified every
+// family records the ruleset generation; the backend's own commits move
+// it on; while nothing else commits, the next resync has nothing to read.
+// Any other commit (damage to our table, or another program's table)
+// moves the generation, and the next resync verifies again and repairs.
+func TestKernelResyncTrustsAQuietGeneration(t *testing.T) {
+	ns, conn := kernelNS(t)
+	b := newBackend(t, ns)
+	m := testModel()
+	resync := dataplane.SyncRequest{Model: m, Full: true, Resync: true}
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	if b.genKnown {
+		t.Fatal("a generation is known before any verification")
+	}
+	mustSync(t, b, resync)
+	if !b.genKnown || b.gen != generation(t, ns) {
+		t.Fatalf("after a clean resync: known %v, gen %d; kernel %d", b.genKnown, b.gen, generation(t, ns))
+	}
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	m.Ports[corev1.IPv4Protocol][web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080))
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}})
+	if !b.genKnown || b.gen != generation(t, ns) {
+		t.Fatalf("after an incremental sync of ours: known %v, gen %d; kernel %d", b.genKnown, b.gen, generation(t, ns))
+	}
+
+	// Damage: the generation moves, the resync finds and repairs it.
+	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, resync)
+	assertProgrammed(t, ns, conn, m, b)
+
+	// Another program's table: verified again, trusted again.
+	mustSync(t, b, resync)
+	conn.AddTable(&nftables.Table{Name: "other", Family: nftables.TableFamilyINet})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if gen := generation(t, ns); gen == b.gen {
+		t.Fatal("another program's commit did not move the generation")
+	}
+	mustSync(t, b, resync)
+	if !b.genKnown || b.gen != generation(t, ns) {
+		t.Fatalf("after verifying again: known %v, gen %d; kernel %d", b.genKnown, b.gen, generation(t, ns))
+	}
+	assertProgrammed(t, ns, conn, m, b)
+}

@@ -214,3 +214,39 @@ func decodeElement(ad *netlink.AttributeDecoder) (nftables.SetElement, error) {
 	}
 	return e, ad.Err()
 }
+
+// Generation returns the nf_tables ruleset generation of network
+// namespace netns: the kernel increments it with every transaction it
+// commits, whatever program sends it and whatever table it writes (the
+// iptables-nft tools use it the same way, to know their cache is
+// current). A generation that has not moved since a program's last
+// commit means nothing in nf_tables changed since.
+func Generation(netns nsexec.NS) (uint32, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nft: ruleset generation: %w", err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, err
+		}
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				return binary.BigEndian.Uint32(ad.Bytes()), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("nft: ruleset generation: no NFTA_GEN_ID in the answer")
+}
