@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -28,6 +30,14 @@ type Backend struct {
 	// swept says the other variant has been cleared of proxyshift's
 	// objects since New or Cleanup.
 	swept bool
+	// gen, when genKnown (nft variant only), is a ruleset generation
+	// (nft.Generation) at which the kernel was known to hold exactly the
+	// state: set by a periodic resync that verified every family and saw
+	// the generation stay, moved on by each restore of ours that follows
+	// it directly. While the generation stays there, a resync has nothing
+	// to verify.
+	gen      uint32
+	genKnown bool
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -103,11 +113,26 @@ func (b *Backend) Variant() Variant { return b.run.variant }
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var g0 uint32
+	genErr := errNotInstalled
+	if req.Resync && b.run.variant == NFT {
+		g0, genErr = nft.Generation(b.run.netns)
+		if genErr == nil && b.quiet(g0, req) {
+			return b.counts(), nil
+		}
+	}
 	var errs []error
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 		return b.syncFamily(ctx, f, ports, req)
 	}); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 && genErr == nil {
+		// Every family verified (or repaired); if nothing committed
+		// meanwhile, the kernel holds the state at generation g0.
+		if g, err := nft.Generation(b.run.netns); err == nil && g == g0 {
+			b.gen, b.genKnown = g0, true
+		}
 	}
 	if len(errs) == 0 && !b.swept {
 		if _, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false); err != nil {
@@ -116,11 +141,53 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 			b.swept = true
 		}
 	}
+	return b.counts(), errors.Join(errs...)
+}
+
+// counts adds up what every family programmed.
+func (b *Backend) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, rs := range b.state {
 		c = c.Plus(rs.counts())
 	}
-	return c, errors.Join(errs...)
+	return c
+}
+
+// quiet says whether a periodic resync of req has nothing to do: nothing
+// committed to nf_tables since the kernel was known to hold the state (at
+// generation gen), and every family of the model has a state.
+func (b *Backend) quiet(gen uint32, req dataplane.SyncRequest) bool {
+	if !b.genKnown || gen != b.gen || req.Model == nil {
+		return false
+	}
+	for _, f := range families {
+		if _, ok := req.Model.Ports[f.model]; ok && b.state[f] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// restore runs one iptables-restore of input for family f. In the nft
+// variant the known generation (Backend.gen) moves on with it when
+// nothing else committed since and meanwhile (iptables-nft-restore
+// commits each table of the input on its own); otherwise it is forgotten.
+func (b *Backend) restore(ctx context.Context, f *family, input []byte) error {
+	if b.run.variant != NFT {
+		return b.run.restore(ctx, f, input)
+	}
+	before, genErr := nft.Generation(b.run.netns)
+	follows := genErr == nil && b.genKnown && before == b.gen
+	b.genKnown = false
+	err := b.run.restore(ctx, f, input)
+	if err != nil {
+		return err
+	}
+	commits := uint32(bytes.Count(input, []byte("\nCOMMIT\n")))
+	if after, gerr := nft.Generation(b.run.netns); follows && gerr == nil && after == before+commits {
+		b.gen, b.genKnown = after, true
+	}
+	return nil
 }
 
 func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
@@ -151,7 +218,7 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 	if err != nil {
 		return err
 	}
-	if err := b.run.restore(ctx, f, fullRestore(rs, cur)); err != nil {
+	if err := b.restore(ctx, f, fullRestore(rs, cur)); err != nil {
 		return err
 	}
 	b.state[f] = rs
@@ -188,7 +255,7 @@ func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports
 		}
 	}
 	if input := incrementalRestore(changes); input != nil {
-		if err := b.run.restore(ctx, f, input); err != nil {
+		if err := b.restore(ctx, f, input); err != nil {
 			return err
 		}
 	}
@@ -227,6 +294,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*ruleset{}
 	b.swept = false
+	b.genKnown = false
 	removed, err := cleanupVariant(ctx, b.run, true)
 	if err != nil {
 		return removed, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -106,4 +107,47 @@ func TestKernelResyncVerifiesAndRepairs(t *testing.T) {
 			t.Errorf("a preempted resync wrote:\n%s\nwas:\n%s", got, damaged)
 		}
 	})
+}
+
+// TestKernelResyncTrustsAQuietGeneration (nft variant): a resync that
+// verified every family records the ruleset generation, the backend's own
+// restores move it on, and any other commit (damage by hand) moves it
+// away, so that the next resync verifies again and repairs.
+func TestKernelResyncTrustsAQuietGeneration(t *testing.T) {
+	ns := kernelNS(t, NFT)
+	b := newKernelBackend(t, ns, NFT)
+	ctx := context.Background()
+	m := kernelModel()
+	resync := dataplane.SyncRequest{Model: m, Full: true, Resync: true}
+	gen := func() uint32 {
+		g, err := nft.Generation(ns.NS())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	for _, req := range []dataplane.SyncRequest{{Model: m, Full: true}, resync} {
+		if _, err := b.Sync(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !b.genKnown || b.gen != gen() {
+		t.Fatalf("after a clean resync: known %v, gen %d; kernel %d", b.genKnown, b.gen, gen())
+	}
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	m.Ports[corev1.IPv4Protocol][web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080))
+	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !b.genKnown || b.gen != gen() {
+		t.Fatalf("after an incremental sync of ours: known %v, gen %d; kernel %d", b.genKnown, b.gen, gen())
+	}
+	want := reference(t, NFT, m)
+	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-D", "PREROUTING", "1")
+	if _, err := b.Sync(ctx, resync); err != nil {
+		t.Fatal(err)
+	}
+	if got := ours(t, ns, NFT); got != want {
+		t.Errorf("after the resync:\n%s\nwant:\n%s", got, want)
+	}
 }
