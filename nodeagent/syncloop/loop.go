@@ -119,6 +119,7 @@ func (l *Loop) Run(ctx context.Context) {
 				l.markPending(time.Now())
 			case <-resync.C:
 				resyncDue, dueSince = true, time.Now()
+				l.markPending(dueSince)
 			}
 			resync.Stop()
 		}
