@@ -124,23 +124,21 @@ func (l *Loop) Run(ctx context.Context) {
 			resync.Stop()
 		}
 		signalled = false
-		// Pace: never start syncs closer than MinSyncPeriod (or the backoff).
-		wait := time.Until(lastStart.Add(l.cfg.MinSyncPeriod))
-		if backoff > wait {
-			wait = backoff
+		// Pace writes: never start syncs closer than MinSyncPeriod (or the
+		// backoff). A due resync starts at once when no change is
+		// pending: it is read-only unless it finds drift, and the time
+		// between two changes is all it gets.
+		var snap *model.Snapshot
+		var changes model.ChangeSet
+		if resyncDue && !needFull && backoff == 0 {
+			snap, changes = l.take(nil)
 		}
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+		if snap == nil || len(changes) > 0 {
+			if !l.pace(ctx, lastStart, backoff) {
 				return
-			case <-t.C:
 			}
+			snap, changes = l.take(changes)
 		}
-
-		snap, changes := l.source.Snapshot()
-		l.triggers = append(l.triggers, snap.Triggers...)
 		if !resyncDue && time.Since(lastFull) >= l.cfg.SyncPeriod {
 			resyncDue, dueSince = true, time.Now()
 		}
@@ -180,6 +178,40 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 		needFull = false
 	}
+}
+
+// pace waits until MinSyncPeriod after lastStart, and at least backoff;
+// false when ctx ended first.
+func (l *Loop) pace(ctx context.Context, lastStart time.Time, backoff time.Duration) bool {
+	wait := time.Until(lastStart.Add(l.cfg.MinSyncPeriod))
+	if backoff > wait {
+		wait = backoff
+	}
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// take takes the model and the changes since the last take from the
+// source, with the changes already taken (nil for none).
+func (l *Loop) take(taken model.ChangeSet) (*model.Snapshot, model.ChangeSet) {
+	snap, changes := l.source.Snapshot()
+	l.triggers = append(l.triggers, snap.Triggers...)
+	for name := range taken {
+		if changes == nil {
+			changes = model.ChangeSet{}
+		}
+		changes[name] = struct{}{}
+	}
+	return snap, changes
 }
 
 // resync runs a periodic resync of snap, preempted by the first change

@@ -163,3 +163,14 @@ func TestOverdueResyncRunsToItsEnd(t *testing.T) {
 		return ok
 	})
 }
+
+// TestResyncIsNotPaced: MinSyncPeriod paces writes, not the periodic
+// resync, which starts when it is due even right after a sync (here the
+// pacing would hold it for an hour), so that it gets all the time between
+// two changes.
+func TestResyncIsNotPaced(t *testing.T) {
+	src := newFakeSource()
+	be := &slowResyncBackend{resyncTime: time.Millisecond}
+	run(t, Config{MinSyncPeriod: time.Hour, SyncPeriod: 50 * time.Millisecond}, src, be, nil)
+	waitFor(t, "a resync within the hour of MinSyncPeriod", func() bool { _, f := be.counts(); return f >= 2 })
+}
