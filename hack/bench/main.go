@@ -39,9 +39,10 @@ func main() {
 		modes     = flag.String("modes", "nftables,iptables", "Comma-separated modes.")
 		iptMax    = flag.Int("iptables-max", 5000, "Largest Service count measured in iptables mode (kube-proxy's iptables-nft first sync grows quadratically: it did not finish 5k within 5 minutes here, and 10k would not fit the run's time).")
 		syncLimit = flag.Duration("sync-timeout", 4*time.Minute, "Bound on each first sync; a program that takes longer is reported as slower than it.")
-		changes   = flag.Int("changes", 60, "Endpoint changes per run (programming latency samples).")
+		changes   = flag.Int("changes", 100, "Endpoint changes per run (programming latency samples).")
+		every     = flag.Duration("change-every", 1200*time.Millisecond, "Time between the starts of two endpoint changes: above both programs' default minSyncPeriod (1s); 100 changes span four of their default periodic resyncs (30s).")
 		connects  = flag.Int("connects", 200, "Connections per first-packet figure.")
-		timeout   = flag.Duration("timeout", 20*time.Minute, "Bound on the whole run.")
+		timeout   = flag.Duration("timeout", 40*time.Minute, "Bound on the whole run.")
 		write     = flag.String("write", "", "Markdown file whose benchmark section gets the table (the chart goes next to it); empty prints only.")
 		keep      = flag.Bool("keep", false, "Keep the run directory (logs, configurations).")
 	)
@@ -49,7 +50,7 @@ func main() {
 	logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))
 	plan := bench.Plan{
 		Modes: strings.Split(*modes, ","), MaxSize: map[string]int{"iptables": *iptMax},
-		Changes: *changes, Connects: *connects, SyncTimeout: *syncLimit, Workers: 16,
+		Changes: *changes, ChangeEvery: *every, Connects: *connects, SyncTimeout: *syncLimit, Workers: 16,
 	}
 	if err := run(plan, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)

@@ -38,6 +38,21 @@ type SyncRequest struct {
 	// Full rewrites everything the backend owns from the model, repairing
 	// any drift in the kernel.
 	Full bool
+	// Resync marks a periodic full sync (Full is set too), whose job is to
+	// repair drift while changes keep flowing. A backend that has
+	// programmed the model before may instead compare the kernel with
+	// what it programmed and rewrite only when they differ; it should stop
+	// reading as soon as ctx ends (a change is waiting) and return ctx's
+	// error, having written nothing. A backend without that ability does
+	// a full sync.
+	Resync bool
+}
+
+// Preempted says whether err ends a Resync whose ctx was cancelled
+// because a change is waiting: not a failure, the resync is just to be
+// done again later.
+func Preempted(ctx context.Context, req SyncRequest, err error) bool {
+	return req.Resync && err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err())
 }
 
 // Counts are the sizes of what a backend has programmed.

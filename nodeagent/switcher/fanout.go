@@ -62,6 +62,11 @@ func (f *Fanout) SetOnPrimary(fn func(PrimarySync)) {
 func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) (warning, err error) {
 	start := time.Now()
 	c, err := m.b.Sync(ctx, req)
+	if dataplane.Preempted(ctx, req, err) {
+		// A periodic resync that yielded to a change: not a sync, nothing
+		// to record; the loop runs it again.
+		return nil, err
+	}
 	if _, rest := dataplane.SplitWarnings(err); rest == nil {
 		warning, err = err, nil
 	}

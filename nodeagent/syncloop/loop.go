@@ -1,8 +1,15 @@
 // Package syncloop drives a dataplane from the service model: it waits for
-// changes, paces syncs (never more often than minSyncPeriod), resyncs fully
+// changes, paces syncs (never more often than minSyncPeriod), resyncs
 // every syncPeriod to repair drift, and retries failures with backoff. A
 // failed sync leaves the kernel as it was (each sync is one transaction) and
 // the next attempt is a full one, so no change is ever lost.
+//
+// The periodic resync must not hold changes up: it waits until no change
+// is pending and is preempted by the next one (see Loop.Run), and the
+// backends do it as verify-and-repair (dataplane.SyncRequest.Resync), so
+// a change never waits for a rewrite of the whole ruleset it did not ask
+// for. Which work is a resync, and when it yields, is decided here once;
+// the backends only verify and repair.
 package syncloop
 
 import (
@@ -34,7 +41,9 @@ type Config struct {
 
 // Result is the outcome of one sync, handed to Loop.OnSync.
 type Result struct {
-	Full     bool
+	Full bool
+	// Resync says the sync was a periodic resync (Full is set too).
+	Resync   bool
 	Start    time.Time
 	Duration time.Duration
 	Counts   dataplane.Counts
@@ -75,8 +84,21 @@ func New(cfg Config, source Source, backend dataplane.Backend, metrics *Metrics)
 }
 
 // Run syncs until ctx ends. The first sync is a full one.
+//
+// Changes come first. A periodic resync (every SyncPeriod) waits for a
+// moment without pending changes, and is preemptible: it runs with a
+// context that ends as soon as a change is signalled, so a backend that
+// verifies the kernel (dataplane.SyncRequest.Resync) stops reading, the
+// change is synced at once, and the resync runs again afterwards. A
+// resync overdue by another SyncPeriod runs to its end. A resync does not
+// count for MinSyncPeriod: it normally writes nothing, and must not delay
+// the next change. A full sync the loop needs for itself (the first one,
+// or after a failure) is not preempted: the changes it takes are in it.
 func (l *Loop) Run(ctx context.Context) {
-	needFull := true
+	needFull := true   // the next sync rewrites everything
+	resyncDue := false // a periodic resync waits for a moment without changes
+	var dueSince time.Time
+	signalled := false // a change was signalled while a resync ran
 	lastFull := time.Time{}
 	lastStart := time.Time{}
 	backoff := time.Duration(0)
@@ -87,7 +109,7 @@ func (l *Loop) Run(ctx context.Context) {
 
 	for {
 		// Wait for a reason to sync: a change, the resync timer, or a retry.
-		if !needFull && backoff == 0 {
+		if !needFull && !resyncDue && !signalled && backoff == 0 {
 			resync := time.NewTimer(time.Until(lastFull.Add(l.cfg.SyncPeriod)))
 			select {
 			case <-ctx.Done():
@@ -96,40 +118,51 @@ func (l *Loop) Run(ctx context.Context) {
 			case <-l.source.Changed():
 				l.markPending(time.Now())
 			case <-resync.C:
-				needFull = true
-				l.markPending(time.Now())
+				resyncDue, dueSince = true, time.Now()
+				l.markPending(dueSince)
 			}
 			resync.Stop()
 		}
-		// Pace: never start syncs closer than MinSyncPeriod (or the backoff).
-		wait := time.Until(lastStart.Add(l.cfg.MinSyncPeriod))
-		if backoff > wait {
-			wait = backoff
+		signalled = false
+		// Pace writes: never start syncs closer than MinSyncPeriod (or the
+		// backoff). A due resync starts at once when no change is
+		// pending: it is read-only unless it finds drift, and the time
+		// between two changes is all it gets.
+		var snap *model.Snapshot
+		var changes model.ChangeSet
+		if resyncDue && !needFull && backoff == 0 {
+			snap, changes = l.take(nil)
 		}
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+		if snap == nil || len(changes) > 0 {
+			if !l.pace(ctx, lastStart, backoff) {
 				return
-			case <-t.C:
 			}
+			snap, changes = l.take(changes)
 		}
-
-		snap, changes := l.source.Snapshot()
-		l.triggers = append(l.triggers, snap.Triggers...)
-		if time.Since(lastFull) >= l.cfg.SyncPeriod {
-			needFull = true
+		if !resyncDue && time.Since(lastFull) >= l.cfg.SyncPeriod {
+			resyncDue, dueSince = true, time.Now()
 		}
-		if !needFull && len(changes) == 0 {
+		var res Result
+		switch {
+		case needFull || len(changes) > 0:
+			lastStart = time.Now()
+			res = l.syncOnce(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: needFull})
+		case resyncDue:
+			// Changes preempt a resync for one SyncPeriod; after that it
+			// runs to its end, so that constant churn cannot keep drift
+			// from being repaired.
+			var preempted bool
+			res, preempted, signalled = l.resync(ctx, snap, time.Since(dueSince) < l.cfg.SyncPeriod)
+			if preempted {
+				continue
+			}
+		default:
 			// The signal's changes were taken by the previous sync.
 			l.mu.Lock()
 			l.pendingFrom = time.Time{}
 			l.mu.Unlock()
 			continue
 		}
-		lastStart = time.Now()
-		res := l.syncOnce(ctx, snap, changes, needFull)
 		if res.Err != nil {
 			// The kernel kept its previous state; the changes just taken
 			// are covered by the full sync that the retry does.
@@ -139,22 +172,97 @@ func (l *Loop) Run(ctx context.Context) {
 			continue
 		}
 		backoff = 0
-		if needFull {
+		if res.Full {
 			lastFull = res.Start
+			resyncDue = false
 		}
 		needFull = false
 	}
 }
 
+// pace waits until MinSyncPeriod after lastStart, and at least backoff;
+// false when ctx ended first.
+func (l *Loop) pace(ctx context.Context, lastStart time.Time, backoff time.Duration) bool {
+	wait := time.Until(lastStart.Add(l.cfg.MinSyncPeriod))
+	if backoff > wait {
+		wait = backoff
+	}
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// take takes the model and the changes since the last take from the
+// source, with the changes already taken (nil for none).
+func (l *Loop) take(taken model.ChangeSet) (*model.Snapshot, model.ChangeSet) {
+	snap, changes := l.source.Snapshot()
+	l.triggers = append(l.triggers, snap.Triggers...)
+	for name := range taken {
+		if changes == nil {
+			changes = model.ChangeSet{}
+		}
+		changes[name] = struct{}{}
+	}
+	return snap, changes
+}
+
+// resync runs a periodic resync of snap, preempted by the first change
+// signalled meanwhile if preemptible. It reports whether the resync was
+// preempted (the backend stopped; nothing is recorded) and whether a
+// change was signalled (the resync may have finished all the same).
+func (l *Loop) resync(ctx context.Context, snap *model.Snapshot, preemptible bool) (res Result, preempted, signalled bool) {
+	req := dataplane.SyncRequest{Model: snap, Full: true, Resync: true}
+	if !preemptible {
+		klog.V(2).InfoS("Periodic resync overdue; not yielding to changes this time", "backend", l.backend.Mode())
+		return l.syncOnce(ctx, req), false, false
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	arrived := make(chan bool, 1)
+	go func() {
+		select {
+		case <-l.source.Changed():
+			l.markPending(time.Now())
+			cancel()
+			arrived <- true
+		case <-rctx.Done():
+			arrived <- false
+		}
+	}()
+	start := time.Now()
+	counts, err := l.backend.Sync(rctx, req)
+	preempted = dataplane.Preempted(rctx, req, err) && ctx.Err() == nil
+	cancel()
+	signalled = <-arrived
+	if preempted {
+		klog.V(2).InfoS("Periodic resync preempted by a change; resyncing after it", "backend", l.backend.Mode(), "after", time.Since(start))
+		return Result{}, true, signalled
+	}
+	return l.record(req, start, counts, err), false, signalled
+}
+
 // syncOnce runs one sync and records its outcome.
-func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model.ChangeSet, full bool) Result {
+func (l *Loop) syncOnce(ctx context.Context, req dataplane.SyncRequest) Result {
+	start := time.Now()
+	counts, err := l.backend.Sync(ctx, req)
+	return l.record(req, start, counts, err)
+}
+
+// record makes the Result of a sync that started at start, records it and
+// hands it to OnSync.
+func (l *Loop) record(req dataplane.SyncRequest, start time.Time, counts dataplane.Counts, err error) Result {
 	kind := "partial"
-	if full {
+	if req.Full {
 		kind = "full"
 	}
-	start := time.Now()
-	counts, err := l.backend.Sync(ctx, dataplane.SyncRequest{Model: snap, Changed: changes, Full: full})
-	res := Result{Full: full, Start: start, Duration: time.Since(start), Counts: counts, Err: err}
+	res := Result{Full: req.Full, Resync: req.Resync, Start: start, Duration: time.Since(start), Counts: counts, Err: err}
 	if _, rest := dataplane.SplitWarnings(err); err != nil && rest == nil {
 		res.Err, res.Warning = nil, err
 		klog.InfoS("Synced proxy rules, leaving other programs' objects alone", "backend", l.backend.Mode(), "warning", err.Error())
@@ -163,7 +271,7 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model
 		l.mu.Lock()
 		if l.metrics != nil {
 			from := l.pendingFrom
-			if len(changes) == 0 {
+			if len(req.Changed) == 0 {
 				from = time.Time{}
 			}
 			l.metrics.RecordProgrammed(from, l.triggers)
@@ -172,7 +280,7 @@ func (l *Loop) syncOnce(ctx context.Context, snap *model.Snapshot, changes model
 		l.pendingFrom = time.Time{}
 		l.lastSuccess = time.Now()
 		l.mu.Unlock()
-		klog.V(2).InfoS("Synced proxy rules", "kind", kind, "duration", res.Duration, "changed", len(changes), "services", counts.Services, "endpoints", counts.Endpoints)
+		klog.V(2).InfoS("Synced proxy rules", "kind", kind, "resync", req.Resync, "duration", res.Duration, "changed", len(req.Changed), "services", counts.Services, "endpoints", counts.Endpoints)
 	}
 	if l.OnSync != nil {
 		l.OnSync(res)

@@ -34,6 +34,9 @@ type Result struct {
 	// the EndpointSlice update being sent until a connection to the
 	// Service reaches the new endpoint.
 	Latency []time.Duration
+	// ChangeSpan is the time from the first endpoint change to the last
+	// one's answer: the changes meet every periodic resync in it.
+	ChangeSpan time.Duration
 	// ConnectFirst and ConnectLast are TCP connect times to the first
 	// and the last ordinary Service, one per connection that got an
 	// answer; ConnectFailures counts those that did not (within 2 s).
@@ -55,6 +58,11 @@ type Plan struct {
 	Programs []Program
 	// Changes is the number of endpoint changes per run.
 	Changes int
+	// ChangeEvery spaces the starts of the endpoint changes (a change
+	// that is not served by then delays the next one): longer than the
+	// programs' minSyncPeriod, so each change is synced on its own, and
+	// Changes of them span several periodic resyncs.
+	ChangeEvery time.Duration
 	// Connects is the number of connections per first-packet figure.
 	Connects int
 	// SyncTimeout bounds each first sync.
@@ -103,9 +111,9 @@ func (r Result) Summary() string {
 	if r.TimedOut {
 		return fmt.Sprintf("%-10s %-8s %5d services: the last Service did not answer within %s", r.Program, r.Mode, r.Services, r.FirstSync)
 	}
-	return fmt.Sprintf("%-10s %-8s %5d services: first sync %s (metrics %s in %d), change sync %s, programming p50 %s p99 %s, connect first p50 %s last p50 %s, peak RSS %d MiB",
+	return fmt.Sprintf("%-10s %-8s %5d services: first sync %s (metrics %s in %d), change sync %s, programming latency of %d changes over %s: p50 %s p90 %s p99 %s max %s, connect first p50 %s last p50 %s, peak RSS %d MiB",
 		r.Program, r.Mode, r.Services, round(r.FirstSync), round(r.FirstSyncMetric), r.FirstSyncs, round(r.ChangeSync),
-		round(Percentile(r.Latency, 50)), round(Percentile(r.Latency, 99)),
+		len(r.Latency), round(r.ChangeSpan), round(Percentile(r.Latency, 50)), round(Percentile(r.Latency, 90)), round(Percentile(r.Latency, 99)), round(Percentile(r.Latency, 100)),
 		round(Percentile(r.ConnectFirst, 50)), round(Percentile(r.ConnectLast, 50)), r.PeakRSS>>20) + failures(r.ConnectFailures)
 }
 
@@ -149,9 +157,19 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	}
 	res.FirstSyncMetric, res.FirstSyncs = time.Duration(synced.Sum*float64(time.Second)), synced.Count
 
-	// Endpoint changes, one at a time, each awaited from outside.
+	// Endpoint changes, one at a time, each awaited from outside, and
+	// started ChangeEvery apart: a change starts at every phase of the
+	// periodic resync, during one and right after one included.
+	changesStart := time.Now()
 	for j := range plan.Changes {
 		i := j % ProbeServices
+		if wait := time.Until(changesStart.Add(time.Duration(j) * plan.ChangeEvery)); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(wait):
+			}
+		}
 		sent := time.Now()
 		ep, err := objs.MoveEndpoint(ctx, i)
 		if err != nil {
@@ -162,6 +180,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		}
 		res.Latency = append(res.Latency, time.Since(sent))
 	}
+	res.ChangeSpan = time.Since(changesStart)
 	changed, err := settledSyncs(ctx, run, plan.SyncTimeout)
 	if err != nil {
 		return fail(err)

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +10,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
@@ -29,6 +32,14 @@ type Backend struct {
 	// swept says the other variant has been cleared of proxyshift's
 	// objects since New or Cleanup.
 	swept bool
+	// gen, when genKnown (nft variant only), is a ruleset generation
+	// (nft.Generation) at which the kernel was known to hold exactly the
+	// state: set by a periodic resync that verified every family and saw
+	// the generation stay, moved on by each restore of ours that follows
+	// it directly. While the generation stays there, a resync has nothing
+	// to verify.
+	gen      uint32
+	genKnown bool
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -98,7 +109,9 @@ func (b *Backend) Variant() Variant { return b.run.variant }
 // rewrites every proxyshift chain and jump rule, repairing any drift.
 // Callers should still ask for a full sync now and then, since drift that
 // an incremental sync does not trip over (a flushed chain, a deleted jump
-// rule) is only repaired by one.
+// rule) is only repaired by one. A periodic one (req.Resync) reads the
+// tables back first and rewrites them only when they differ from what
+// the backend programmed (see verify).
 //
 // The first successful sync after New or Cleanup also removes any
 // proxyshift objects from the other iptables variant, so that rules are
@@ -107,11 +120,26 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	req, missing := dataplane.WithoutMissingFamilies(b.run.netns, "", req)
+	var g0 uint32
+	genErr := errNotInstalled
+	if req.Resync && b.run.variant == NFT {
+		g0, genErr = nft.Generation(b.run.netns)
+		if genErr == nil && b.quiet(g0, req) {
+			return b.counts(), missing
+		}
+	}
 	var errs []error
 	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 		return b.syncFamily(ctx, f, ports, req)
 	}); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 && genErr == nil {
+		// Every family verified (or repaired); if nothing committed
+		// meanwhile, the kernel holds the state at generation g0.
+		if g, err := nft.Generation(b.run.netns); err == nil && g == g0 {
+			b.gen, b.genKnown = g0, true
+		}
 	}
 	if len(errs) == 0 && !b.swept {
 		if _, err := cleanupVariant(ctx, runner{variant: b.run.variant.other(), netns: b.run.netns}, false); err != nil {
@@ -121,15 +149,65 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 		}
 	}
 	errs = append(errs, missing)
+	return b.counts(), errors.Join(errs...)
+}
+
+// counts adds up what every family programmed.
+func (b *Backend) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, rs := range b.state {
 		c = c.Plus(rs.counts())
 	}
-	return c, errors.Join(errs...)
+	return c
+}
+
+// quiet says whether a periodic resync of req has nothing to do: nothing
+// committed to nf_tables since the kernel was known to hold the state (at
+// generation gen), and every family of the model has a state.
+func (b *Backend) quiet(gen uint32, req dataplane.SyncRequest) bool {
+	if !b.genKnown || gen != b.gen || req.Model == nil {
+		return false
+	}
+	for _, f := range families {
+		if _, ok := req.Model.Ports[f.model]; ok && b.state[f] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// restore runs one iptables-restore of input for family f. In the nft
+// variant the known generation (Backend.gen) moves on with it when
+// nothing else committed since and meanwhile (iptables-nft-restore
+// commits each table of the input on its own); otherwise it is forgotten.
+func (b *Backend) restore(ctx context.Context, f *family, input []byte) error {
+	if b.run.variant != NFT {
+		return b.run.restore(ctx, f, input)
+	}
+	before, genErr := nft.Generation(b.run.netns)
+	follows := genErr == nil && b.genKnown && before == b.gen
+	b.genKnown = false
+	err := b.run.restore(ctx, f, input)
+	if err != nil {
+		return err
+	}
+	commits := uint32(bytes.Count(input, []byte("\nCOMMIT\n")))
+	if after, gerr := nft.Generation(b.run.netns); follows && gerr == nil && after == before+commits {
+		b.gen, b.genKnown = after, true
+	}
+	return nil
 }
 
 func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
-	if rs := b.state[f]; rs != nil && !req.Full {
+	rs := b.state[f]
+	switch {
+	case rs != nil && req.Resync:
+		why, err := b.verify(ctx, f, rs)
+		if err != nil || why == "" {
+			return err
+		}
+		klog.InfoS("Periodic resync rewrites proxyshift's iptables chains", "tool", b.run.tool(f), "reason", why)
+	case rs != nil && !req.Full:
 		if err := b.incremental(ctx, f, rs, ports, req.Changed); err == nil {
 			return nil
 		}
@@ -151,7 +229,7 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 	if err != nil {
 		return err
 	}
-	if err := b.run.restore(ctx, f, fullRestore(rs, cur)); err != nil {
+	if err := b.restore(ctx, f, fullRestore(rs, cur)); err != nil {
 		return err
 	}
 	b.state[f] = rs
@@ -188,7 +266,7 @@ func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports
 		}
 	}
 	if input := incrementalRestore(changes); input != nil {
-		if err := b.run.restore(ctx, f, input); err != nil {
+		if err := b.restore(ctx, f, input); err != nil {
 			return err
 		}
 	}
@@ -227,6 +305,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*ruleset{}
 	b.swept = false
+	b.genKnown = false
 	removed, err := cleanupVariant(ctx, b.run, true)
 	if err != nil {
 		return removed, err

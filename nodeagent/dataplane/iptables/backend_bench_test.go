@@ -26,7 +26,8 @@ func forEachSize(b *testing.B, fn func(b *testing.B, v Variant, n int)) {
 }
 
 // BenchmarkFullSync measures a full sync of a node already holding the
-// model (the periodic resync, and the first sync after an agent restart):
+// model (the first sync after an agent restart, a resync that found
+// drift):
 // iptables-save, then every chain flushed and written again. The first
 // sync, into empty tables, is reported as first-sync-s.
 func BenchmarkFullSync(b *testing.B) {
@@ -61,5 +62,24 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 			b.Fatal(err)
 		}
 		dt.EndpointChanges(b, be, m)
+	})
+}
+
+// BenchmarkResync measures a periodic resync of a node holding the
+// model: the tables read back and compared, nothing written.
+func BenchmarkResync(b *testing.B) {
+	forEachSize(b, func(b *testing.B, v Variant, n int) {
+		ns := kernelNS(b, v)
+		be := newKernelBackend(b, ns, v)
+		m := dt.BenchModel(n)
+		ctx := context.Background()
+		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }

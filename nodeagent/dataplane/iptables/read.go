@@ -46,7 +46,7 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 	}
 	cur := savedTables{}
 	for _, table := range tables {
-		t, err := nftTable(r.netns, f, table, counts)
+		t, err := nftTable(ctx, r.netns, f, table, counts)
 		if err != nil {
 			return nil, fmt.Errorf("iptables: read %s table %s over netlink: %w", r.tool(f), table, err)
 		}
@@ -78,14 +78,20 @@ var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD"
 
 // nftTable reads the chains of nf_tables table name in family f, and if
 // counts how many rules each has, in network namespace netns. It returns
-// nil if there is no such table. Rule texts are left to the caller.
-func nftTable(netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
+// nil if there is no such table. Rule texts are left to the caller. It
+// stops as soon as ctx ends, a dump under way included (nft.Reader).
+func nftTable(ctx context.Context, netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
 	fam := nftables.TableFamilyIPv4
 	if f == ipv6 {
 		fam = nftables.TableFamilyIPv6
 	}
+	r, err := nft.NewReader(ctx, netns, fam, name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
 	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
-	err := nft.EachChain(netns, fam, name, func(c string, base bool) {
+	err = r.EachChain(func(c string, base bool) {
 		t.chains = append(t.chains, c)
 		// A base chain iptables did not make is not one to read.
 		t.builtin[c] = base && builtinChains[c]
@@ -96,7 +102,7 @@ func nftTable(netns nsexec.NS, f *family, name string, counts bool) (*savedTable
 	if !counts {
 		return t, nil
 	}
-	n, err := nft.RuleCounts(netns, fam, name)
+	n, err := r.RuleCounts()
 	if err != nil {
 		return nil, err
 	}

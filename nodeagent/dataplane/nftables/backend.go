@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/forwarddrop"
@@ -36,6 +37,13 @@ type Backend struct {
 	// forward reports chains of other programs that drop forwarded
 	// packets by default, which this table cannot overrule.
 	forward forwarddrop.Check
+	// gen, when genKnown, is a ruleset generation (nft.Generation) at
+	// which the kernel was known to hold exactly the state: set by a
+	// periodic resync that verified every family and saw the generation
+	// stay, moved on by each commit of ours that follows it directly.
+	// While the generation stays there, a resync has nothing to verify.
+	gen      uint32
+	genKnown bool
 }
 
 // familyState is what the backend knows it programmed in one family.
@@ -45,6 +53,8 @@ type familyState struct {
 	// counts are rs.counts(), kept up to date by incremental syncs so
 	// that they need not walk every port.
 	counts dataplane.Counts
+	// verified is how far a preempted verification got (see verify).
+	verified verifyProgress
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -95,42 +105,117 @@ func (b *Backend) Mode() string { return "nftables" }
 // table from the model and so repairs any drift; a full sync that fails
 // in place is retried as a replacement of the whole table. Callers should
 // still ask for a full sync now and then, since drift that an incremental
-// sync does not trip over (a flushed chain) is only repaired by one.
+// sync does not trip over (a flushed chain) is only repaired by one. A
+// periodic one (req.Resync) reads the table back first and rewrites it
+// only when it differs from what the backend programmed (see verify).
 func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	req, missing := dataplane.WithoutMissingFamilies(b.netns, "", req)
 	errs := []error{missing}
-	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
-		return b.syncFamily(f, ports, req)
-	}); err != nil {
-		errs = append(errs, err)
+	var g0 uint32
+	var genErr error
+	if req.Resync {
+		g0, genErr = nft.Generation(b.netns)
 	}
+	if !(req.Resync && genErr == nil && b.quiet(g0, req)) {
+		errs = append(errs, b.syncFamilies(ctx, req, g0, genErr))
+	}
+	// The forward hook's other chains are looked at even when the
+	// resync had nothing to verify: iptables-legacy's FORWARD policy
+	// does not move the nf_tables generation.
 	if _, rest := dataplane.SplitWarnings(errors.Join(errs...)); rest == nil {
 		if w := b.forward.Sync(ctx, req.Full); w != nil {
 			errs = append(errs, w)
 		}
 	}
+	return b.counts(), errors.Join(errs...)
+}
+
+// syncFamilies syncs every family of req. After a periodic resync that
+// verified (or repaired) every family with nothing else committing
+// meanwhile, it records that the kernel holds the state at generation
+// g0 (read before, genErr its error).
+func (b *Backend) syncFamilies(ctx context.Context, req dataplane.SyncRequest, g0 uint32, genErr error) error {
+	if err := dataplane.SyncFamilies(ctx, req, families, familyKey, func(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+		return b.syncFamily(ctx, f, ports, req)
+	}); err != nil {
+		return err
+	}
+	if req.Resync && genErr == nil {
+		if g, err := nft.Generation(b.netns); err == nil && g == g0 {
+			b.gen, b.genKnown = g0, true
+		}
+	}
+	return nil
+}
+
+// counts adds up what every family programmed.
+func (b *Backend) counts() dataplane.Counts {
 	var c dataplane.Counts
 	for _, st := range b.state {
 		c = c.Plus(st.counts)
 	}
-	return c, errors.Join(errs...)
+	return c
+}
+
+// quiet says whether a periodic resync of req has nothing to do: nothing
+// committed to nf_tables since the kernel was known to hold the state (at
+// generation gen), every family of the model has a state, and none needs
+// a rewrite whatever the kernel holds (rewriteReason).
+func (b *Backend) quiet(gen uint32, req dataplane.SyncRequest) bool {
+	if !b.genKnown || gen != b.gen || req.Model == nil {
+		return false
+	}
+	for _, f := range families {
+		if _, ok := req.Model.Ports[f.Model]; !ok {
+			continue
+		}
+		if st := b.state[f]; st == nil || rewriteReason(st.rs) != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // syncFamily syncs one family, refusing (with a *nft.ForeignTableError)
 // a table of our name that another program created.
-func (b *Backend) syncFamily(f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
+func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort, req dataplane.SyncRequest) error {
 	if _, err := nft.FindTable(b.netns, f, TableName); err != nil {
 		delete(b.state, f)
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if st := b.state[f]; st != nil && !req.Full {
+	st := b.state[f]
+	switch {
+	case st != nil && req.Resync:
+		why := rewriteReason(st.rs)
+		if why == "" {
+			var err error
+			if why, err = b.verify(ctx, f, st); err != nil || why == "" {
+				return err
+			}
+		}
+		klog.InfoS("Periodic resync rewrites the nftables table", "family", f.Name, "reason", why)
+	case st != nil && !req.Full:
 		if err := b.incremental(f, st, ports, req.Changed); err == nil {
 			return nil
 		}
 	}
 	return b.full(f, ports)
+}
+
+// rewriteReason says why a periodic resync must rewrite the table whatever
+// the kernel holds ("" when it need not): a port lost a shared key to
+// another (ruleset.contested), or incremental syncs left the endpoint
+// maps sparse (port ids are compacted only by a rewrite).
+func rewriteReason(rs *ruleset) string {
+	switch {
+	case rs.contested:
+		return "a service port waits for a key another one held"
+	case int(rs.nextID) > 2*len(rs.ports)+4*endpointMapPorts:
+		return fmt.Sprintf("port ids run to %d for %d ports", rs.nextID, len(rs.ports))
+	}
+	return ""
 }
 
 // full rewrites the family's table from the model.
@@ -188,6 +273,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		st.counts = st.counts.Plus(ch.new.counts())
 	}
 	st.counts.Rules += len(st.rs.hairpin)
+	st.rs.contested = st.rs.contested || slices.ContainsFunc(changes, func(ch portChange) bool { return ch.lostKey })
 	// A chain flushed by an earlier sync may be wanted again: it exists,
 	// empty, and this sync has refilled it.
 	for _, c := range stale {
@@ -219,6 +305,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 			continue
 		}
 		var nw *portObjects
+		contested := false
 		if sp != nil {
 			id := nextID
 			if old != nil {
@@ -232,6 +319,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 				for _, e := range elems {
 					if owner, ok := st.claims[m][e.text]; ok && owner != name {
 						if _, alsoChanged := changed[owner]; !alsoChanged {
+							contested = true
 							continue
 						}
 					}
@@ -239,9 +327,11 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 				}
 				nw.shared[m] = kept
 			}
-			batch.claim(name, nw)
+			if batch.claim(name, nw) {
+				contested = true
+			}
 		}
-		changes = append(changes, portChange{name: name, old: old, new: nw})
+		changes = append(changes, portChange{name: name, old: old, new: nw, lostKey: contested})
 	}
 	return changes
 }
@@ -265,13 +355,29 @@ func (b *Backend) deleteStale(f *family) {
 	}
 }
 
-// commit sends ops as one transaction on the family's table.
+// commit sends ops as one transaction on the family's table. The known
+// generation (Backend.gen) moves on with it when nothing else committed
+// since and meanwhile; otherwise it is forgotten.
 func (b *Backend) commit(f *family, ops []op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	before, genErr := nft.Generation(b.netns)
+	follows := genErr == nil && b.genKnown && before == b.gen
+	b.genKnown = false
 	t := nft.NewTxn(b.netns)
 	if err := queue(t.Conn(), f, ops); err != nil {
 		return err
 	}
-	return t.Commit()
+	err := t.Commit()
+	want := before + 1
+	if err != nil {
+		want = before // a rejected transaction commits nothing
+	}
+	if after, gerr := nft.Generation(b.netns); follows && gerr == nil && after == want {
+		b.gen, b.genKnown = after, true
+	}
+	return err
 }
 
 // list reads the definitions of the chains and named sets of the
@@ -395,6 +501,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	b.state = map[*family]*familyState{}
 	b.stale = map[*family]map[string]bool{}
+	b.genKnown = false
 	var removed []string
 	var errs []error
 	for _, f := range families {

@@ -35,6 +35,26 @@ func benchmarkOneEndpointChange(b *testing.B, n int) {
 	dt.EndpointChanges(b, be, m)
 }
 
+// benchmarkResync measures a periodic resync of a table that holds the
+// model: read back and compared, nothing written.
+func benchmarkResync(b *testing.B, n int) {
+	ns, _ := kernelNS(b)
+	be := newBackend(b, ns)
+	m := dt.BenchModel(n)
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkResync1k(b *testing.B)  { benchmarkResync(b, 1000) }
+func BenchmarkResync10k(b *testing.B) { benchmarkResync(b, 10000) }
+
 func BenchmarkFullSync1k(b *testing.B)           { benchmarkFullSync(b, 1000) }
 func BenchmarkFullSync10k(b *testing.B)          { benchmarkFullSync(b, 10000) }
 func BenchmarkOneEndpointChange1k(b *testing.B)  { benchmarkOneEndpointChange(b, 1000) }

@@ -195,6 +195,9 @@ func appendRules(ops []op, c *chain) []op {
 type portChange struct {
 	name     model.ServicePortName
 	old, new *portObjects
+	// lostKey says new lacks a key of a shared map that another port
+	// holds (see ruleset.contested).
+	lostKey bool
 }
 
 // incrementalPlan rewrites only the objects of the changed ports: their

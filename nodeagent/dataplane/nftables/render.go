@@ -60,7 +60,9 @@ func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np
 			rs.nextID++
 		}
 		objs := renderPort(f, ports[name], np, id)
-		claims.claim(name, objs)
+		if claims.claim(name, objs) {
+			rs.contested = true
+		}
 		rs.ports[name] = objs
 		rs.hairpin.add(objs.hairpin, 1)
 		rs.endpointMaps.addEndpointMap(objs, 1)
@@ -72,8 +74,9 @@ func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np
 type claimIndex map[string]map[string]model.ServicePortName
 
 // claim takes the keys of objs' shared elements for name, dropping from
-// objs those another port holds, and duplicates.
-func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) {
+// objs those another port holds, and duplicates. It says whether another
+// port held one of them.
+func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) (contested bool) {
 	for m, elems := range objs.shared {
 		if c[m] == nil {
 			c[m] = map[string]model.ServicePortName{}
@@ -82,6 +85,7 @@ func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) {
 		seen := map[string]bool{}
 		for _, e := range elems {
 			if owner, ok := c[m][e.text]; seen[e.text] || ok && owner != name {
+				contested = contested || !seen[e.text]
 				continue
 			}
 			seen[e.text] = true
@@ -90,6 +94,7 @@ func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) {
 		}
 		objs.shared[m] = kept
 	}
+	return contested
 }
 
 // release gives up name's keys in objs.

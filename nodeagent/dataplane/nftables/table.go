@@ -33,6 +33,11 @@ type ruleset struct {
 	// service ports whose endpoints put it there. An element is in the
 	// kernel exactly while its count is above zero.
 	hairpin refCounts
+	// contested says a port lost a key of a shared map to another port
+	// (two services with one external IP and port): the key goes to the
+	// next claimant only when the whole table is rendered again, so a
+	// periodic resync rewrites the table rather than only verifying it.
+	contested bool
 }
 
 // refCounts counts holders of set elements, by element text.

@@ -40,7 +40,19 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 // base chain (attached to a hook). fn is not called when there is no such
 // table.
 func EachChain(netns nsexec.NS, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
-	err := dump(netns, fam, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table, func(ad *netlink.AttributeDecoder) {
+	c, err := dial(netns)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return eachChainOn(c, fam, table, fn)
+}
+
+// eachChainOn is EachChain on the open socket c.
+func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_CHAIN_TABLE, table)
+	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, ae, func(ad *netlink.AttributeDecoder) {
 		var t, name string
 		base := false
 		for ad.Next() {
@@ -90,13 +102,25 @@ func RuleCounts(netns nsexec.NS, fam nftables.TableFamily, table string) (map[st
 // table (attribute tableAttr), calling fn with each answer's attributes.
 // A table that does not exist is no error: fn is not called.
 func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, table string, fn func(*netlink.AttributeDecoder)) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(tableAttr, table)
+	return dumpWith(netns, fam, msgType, ae, fn)
+}
+
+// dumpWith runs one dump request of type msgType (family fam) with the
+// attributes ae holds, calling fn with each answer's attributes. An
+// object that does not exist is no error: fn is not called.
+func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	c, err := dial(netns)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ae := netlink.NewAttributeEncoder()
-	ae.String(tableAttr, table)
+	return dumpOn(c, fam, msgType, ae, fn)
+}
+
+// dumpOn is dumpWith on the open socket c.
+func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	attrs, err := ae.Encode()
 	if err != nil {
 		return err

@@ -1,0 +1,252 @@
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+)
+
+// nftaSetElemKeyEnd is NFTA_SET_ELEM_KEY_END (Linux 5.6), the last key of
+// a range of a concatenation; golang.org/x/sys does not name it.
+const nftaSetElemKeyEnd = 10
+
+// ElementTexts are the kernel's elements for elems of s (as AddElements
+// writes them), each as the text ElementText gives a kernel element: what
+// a listing of s must hold when nothing changed it since.
+func ElementTexts[E any](s *nftables.Set, elems []E, elem func(*E) Element) []string {
+	kernel := kernelElements(s, elems, elem)
+	out := make([]string, len(kernel))
+	for i, e := range kernel {
+		out[i] = ElementText(e)
+	}
+	return out
+}
+
+// ElementText is one element of a set as the kernel lists it, as text
+// that compares (not for reading: ElementString is): key, end of the
+// range, interval-end flag, data and verdict, each behind its length
+// (not the comment, which is the element's user data).
+func ElementText(e nftables.SetElement) string {
+	b := make([]byte, 0, 16+len(e.Key)+len(e.KeyEnd)+len(e.Val))
+	field := func(v []byte) {
+		b = append(b, byte(len(v)))
+		b = append(b, v...)
+	}
+	field(e.Key)
+	field(e.KeyEnd)
+	if e.IntervalEnd {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	field(e.Val)
+	if v := e.VerdictData; v != nil {
+		b = binary.BigEndian.AppendUint32(b, uint32(int32(v.Kind)))
+		field([]byte(v.Chain))
+	}
+	return string(b)
+}
+
+// ElementString makes a text of ElementText readable, for messages.
+func ElementString(text string) string { return hex.EncodeToString([]byte(text)) }
+
+// Reader reads one table's objects back over one netlink socket, one
+// request at a time, and stops as soon as its context ends: it closes
+// the socket then, which ends a request under way (a dump of every rule
+// of a large table is one long request: each of its messages resumes by
+// skipping the rules already sent).
+type Reader struct {
+	ctx   context.Context
+	c     *netlink.Conn
+	fam   nftables.TableFamily
+	table string
+	stop  func() bool
+}
+
+// NewReader opens a Reader of table (family fam) in network namespace
+// netns, until ctx ends. Close it after use.
+func NewReader(ctx context.Context, netns nsexec.NS, fam nftables.TableFamily, table string) (*Reader, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{ctx: ctx, c: c, fam: fam, table: table}
+	r.stop = context.AfterFunc(ctx, func() { _ = c.Close() })
+	return r, nil
+}
+
+// Close closes the socket.
+func (r *Reader) Close() error {
+	if r.stop() {
+		return r.c.Close()
+	}
+	return nil
+}
+
+// failed is err, or the context's error when the context ended.
+func (r *Reader) failed(err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := r.ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// EachChain is the package's EachChain on the Reader's socket.
+func (r *Reader) EachChain(fn func(name string, base bool)) error {
+	return r.failed(eachChainOn(r.c, r.fam, r.table, fn))
+}
+
+// RuleCounts returns the number of rules of each chain that has any,
+// from one dump of the table's rules.
+func (r *Reader) RuleCounts() (map[string]int, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_RULE_TABLE, r.table)
+	counts := map[string]int{}
+	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(ad *netlink.AttributeDecoder) {
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_RULE_CHAIN {
+				counts[ad.String()]++
+			}
+		}
+	})
+	if err != nil {
+		return nil, r.failed(fmt.Errorf("nft: list the rules of %s: %w", r.table, err))
+	}
+	return counts, nil
+}
+
+// ElementTexts lists the elements of set, each as ElementText gives it,
+// from one dump. (google/nftables reads elements back without their
+// verdicts.)
+func (r *Reader) ElementTexts(set string) ([]string, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, r.table)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+	var out []string
+	var bad error
+	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
+		for ad.Next() {
+			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			ad.Nested(func(list *netlink.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(elem *netlink.AttributeDecoder) error {
+						e, err := decodeElement(elem)
+						if err != nil {
+							bad = err
+						}
+						out = append(out, ElementText(e))
+						return nil
+					})
+				}
+				return nil
+			})
+		}
+	})
+	if err == nil {
+		err = bad
+	}
+	if err != nil {
+		return nil, r.failed(fmt.Errorf("nft: list the elements of %s: %w", set, err))
+	}
+	return out, nil
+}
+
+// decodeElement reads one NFTA_LIST_ELEM: its key, the end of its range,
+// its interval-end flag and its data or verdict.
+func decodeElement(ad *netlink.AttributeDecoder) (nftables.SetElement, error) {
+	var e nftables.SetElement
+	value := func(dst *[]byte) func(*netlink.AttributeDecoder) error {
+		return func(d *netlink.AttributeDecoder) error {
+			for d.Next() {
+				if d.Type() == unix.NFTA_DATA_VALUE {
+					*dst = d.Bytes()
+				}
+			}
+			return nil
+		}
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_ELEM_KEY:
+			ad.Nested(value(&e.Key))
+		case nftaSetElemKeyEnd:
+			ad.Nested(value(&e.KeyEnd))
+		case unix.NFTA_SET_ELEM_FLAGS:
+			e.IntervalEnd = binary.BigEndian.Uint32(ad.Bytes())&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		case unix.NFTA_SET_ELEM_DATA:
+			ad.Nested(func(d *netlink.AttributeDecoder) error {
+				for d.Next() {
+					switch d.Type() {
+					case unix.NFTA_DATA_VALUE:
+						e.Val = d.Bytes()
+					case unix.NFTA_DATA_VERDICT:
+						v := &Verdict{}
+						d.Nested(func(vd *netlink.AttributeDecoder) error {
+							for vd.Next() {
+								switch vd.Type() {
+								case unix.NFTA_VERDICT_CODE:
+									v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(vd.Bytes())))
+								case unix.NFTA_VERDICT_CHAIN:
+									v.Chain = vd.String()
+								}
+							}
+							return nil
+						})
+						e.VerdictData = v.Expr()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return e, ad.Err()
+}
+
+// Generation returns the nf_tables ruleset generation of network
+// namespace netns: the kernel increments it with every transaction it
+// commits, whatever program sends it and whatever table it writes (the
+// iptables-nft tools use it the same way, to know their cache is
+// current). A generation that has not moved since a program's last
+// commit means nothing in nf_tables changed since.
+func Generation(netns nsexec.NS) (uint32, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nft: ruleset generation: %w", err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, err
+		}
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				return binary.BigEndian.Uint32(ad.Bytes()), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("nft: ruleset generation: no NFTA_GEN_ID in the answer")
+}

@@ -1,0 +1,236 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+)
+
+// The periodic resync (dataplane.SyncRequest.Resync) verifies and
+// repairs: it reads the family's table back, one object at a time, and
+// compares it with what the backend last programmed (familyState). Only
+// when they differ does it rewrite the table (full), which is what every
+// periodic resync did before: a rewrite at 10 000 services takes about a
+// second and holds up every change behind it. Reading writes nothing and
+// stops between two objects as soon as ctx ends (a change is waiting),
+// so a change waits for no read: the reads go over one netlink socket
+// (nft.Reader), which is closed the moment ctx ends, a dump under way
+// included.
+
+// verify compares family f's table in the kernel with st. It returns
+// what differs first ("" when nothing does), or ctx's error when ctx
+// ended before it was done.
+func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (string, error) {
+	why, err := b.verifyFrom(ctx, f, st, &st.verified)
+	if ctx.Err() == nil {
+		// Done (or failed): the next verification starts afresh.
+		st.verified = verifyProgress{}
+	}
+	return why, err
+}
+
+// verifyProgress is how far the verification of a family got before a
+// change preempted it: the next one goes on from there, so that a
+// verification longer than the time between two changes still ends.
+// What it verified before stays verified: the changes synced since were
+// the backend's own writes, and drift that came meanwhile is found by
+// the next periodic resync.
+type verifyProgress struct {
+	// chains says the chains and their rule counts were verified.
+	chains bool
+	// set is the last set verified, in name order ("" for none).
+	set string
+}
+
+// verifyFrom is verify, skipping what p says is verified and recording in
+// p what it verifies.
+func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p *verifyProgress) (string, error) {
+	conn, t, err := nft.OpenTable(b.netns, f, TableName)
+	if err != nil {
+		return "", fmt.Errorf("nftables: %w", err)
+	}
+	if t == nil {
+		return "the table is missing", nil
+	}
+	want := expectedObjects(st.rs)
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	if !p.chains {
+		if why, err := b.verifyChains(conn, r, f, want); err != nil || why != "" {
+			return why, err
+		}
+		p.chains = true
+	}
+	return verifySets(ctx, conn, r, t, f, want, p)
+}
+
+// verifyChains compares the table's chains, their hooks and their rule
+// counts with want.
+func (b *Backend) verifyChains(conn *nftables.Conn, r *nft.Reader, f *family, want wanted) (string, error) {
+	chains, err := conn.ListChainsOfTableFamily(f.Table)
+	if err != nil {
+		return "", fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
+	}
+	have := map[string]*nftables.Chain{}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == TableName {
+			have[c.Name] = c
+		}
+	}
+	for name, c := range want.chains {
+		k := have[name]
+		if k == nil {
+			return "chain " + name + " is missing", nil
+		}
+		if !c.SameHook(k) {
+			return "chain " + name + " has another hook", nil
+		}
+	}
+	for name := range have {
+		if want.chains[name] == nil && !b.stale[f][name] {
+			return "chain " + name + " is not ours", nil
+		}
+	}
+	counts, err := r.RuleCounts()
+	if err != nil {
+		return "", err
+	}
+	for name := range have {
+		wantRules := 0
+		if c := want.chains[name]; c != nil {
+			wantRules = len(c.Rules)
+		}
+		if counts[name] != wantRules {
+			return fmt.Sprintf("chain %s has %d rules, not %d", name, counts[name], wantRules), nil
+		}
+	}
+	return "", nil
+}
+
+// verifySets compares the table's sets, their definitions and their
+// elements with want, in name order after p.set, recording in p.set each
+// one verified.
+func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nftables.Table, f *family, want wanted, p *verifyProgress) (string, error) {
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return "", fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
+	}
+	haveSets := map[string]*nftables.Set{}
+	for _, s := range sets {
+		if !s.Anonymous {
+			haveSets[s.Name] = s
+		}
+	}
+	for name := range haveSets {
+		if want.sets[name] == nil {
+			return "set " + name + " is not ours", nil
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
+		if name <= p.set {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		s, k := want.sets[name], haveSets[name]
+		if k == nil {
+			return "set " + name + " is missing", nil
+		}
+		if !s.sameDefinition(k) {
+			return "set " + name + " has another definition", nil
+		}
+		if s.dynamic() {
+			continue // the packet path fills it
+		}
+		elems, err := r.ElementTexts(name)
+		if err != nil {
+			return "", err
+		}
+		if why := compareElements(s, want.elems[name], elems); why != "" {
+			return "set " + name + " " + why, nil
+		}
+		p.set = name
+	}
+	return "", nil
+}
+
+// wanted are the chains and sets a ruleset puts in the kernel, and
+// each set's elements, gathered without copying them.
+type wanted struct {
+	chains map[string]*chain
+	sets   map[string]*set
+	// elems are each set's elements in pieces (its own, then each
+	// port's); the hairpin set's pieces overlap.
+	elems map[string][][]element
+}
+
+func expectedObjects(rs *ruleset) wanted {
+	e := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
+	for _, c := range rs.chains {
+		e.chains[c.Name] = c
+	}
+	for _, s := range rs.sets {
+		e.sets[s.name] = s
+		e.elems[s.name] = append(e.elems[s.name], s.elems)
+	}
+	for _, objs := range rs.ports {
+		for _, c := range objs.chains {
+			e.chains[c.Name] = c
+		}
+		for _, s := range objs.sets {
+			e.sets[s.name] = s
+			e.elems[s.name] = append(e.elems[s.name], s.elems)
+		}
+		for m, elems := range objs.shared {
+			e.elems[m] = append(e.elems[m], elems)
+		}
+		e.elems[setHairpin] = append(e.elems[setHairpin], objs.hairpin)
+		if m := objs.endpointMap; m != nil {
+			if e.sets[m.name] == nil {
+				e.sets[m.name] = m
+			}
+			e.elems[m.name] = append(e.elems[m.name], objs.endpointElems)
+		}
+	}
+	return e
+}
+
+// compareElements says how the elements the kernel listed for s differ
+// from the pieces of elements written to it ("" when they do not).
+func compareElements(s *set, pieces [][]element, listed []string) string {
+	ks := s.kernel(nil)
+	want := map[string]bool{}
+	seen := map[string]bool{}
+	for _, p := range pieces {
+		var fresh []element
+		for _, e := range p {
+			if !seen[e.text] {
+				seen[e.text] = true
+				fresh = append(fresh, e)
+			}
+		}
+		for _, text := range nft.ElementTexts(ks, fresh, (*element).kernel) {
+			want[text] = true
+		}
+	}
+	have := make(map[string]bool, len(listed))
+	for _, text := range listed {
+		if !want[text] {
+			return "holds an element not ours: " + nft.ElementString(text)
+		}
+		have[text] = true
+	}
+	if len(have) != len(want) {
+		return fmt.Sprintf("lacks %d elements", len(want)-len(have))
+	}
+	return ""
+}
