@@ -130,8 +130,10 @@ func (p *Process) Exited() (<-chan struct{}, func() error) {
 }
 
 // Kill sends SIGKILL to the process's group (kill -9: no cleanup of any
-// kind) and waits for it to be gone. Killing a stopped process is a no-op.
-func (p *Process) Kill() error { return p.signalAndWait(syscall.SIGKILL, 10*time.Second) }
+// kind) and waits for it to be gone (up to 30 seconds: a large process
+// on a loaded machine takes a while to be torn down). Killing a stopped
+// process is a no-op.
+func (p *Process) Kill() error { return p.signalAndWait(syscall.SIGKILL, 30*time.Second) }
 
 // Stop sends SIGTERM and waits up to grace for the process to exit, then
 // kills it. Stopping a stopped process is a no-op.

@@ -12,6 +12,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -106,6 +107,9 @@ func launch(assets, dir, serviceCIDRs string) (*Env, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
+		// envtest's 20 s is too short for a graceful stop of the API
+		// server on a loaded 2-core machine.
+		ControlPlaneStopTimeout: time.Minute,
 	}
 	// Service IPs come from the test range, so that labs can route them.
 	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", serviceCIDRs)
