@@ -366,7 +366,7 @@ func (b *Backend) commit(f *family, ops []op) error {
 	follows := genErr == nil && b.genKnown && before == b.gen
 	b.genKnown = false
 	t := nft.NewTxn(b.netns)
-	if err := queue(t.Conn(), f, ops); err != nil {
+	if err := queue(t, f, ops); err != nil {
 		return err
 	}
 	err := t.Commit()
