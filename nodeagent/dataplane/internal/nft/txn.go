@@ -43,14 +43,13 @@ import (
 type Txn struct {
 	conn  *nftables.Conn
 	netns nsexec.NS
-	// buf is the batch's encoding so far: its begin message and the
-	// messages queued, msgs how many of those, and last the offset of
-	// the last one. end is the batch's end message, as the library made
-	// it.
-	buf  []byte
-	msgs int
-	last int
-	end  netlink.Message
+	// chunks are the batch's encoding so far, one per encoding: the
+	// batch's begin message and the messages queued, numbered from 1
+	// (begin) to seq. end is the batch's end message, as the library
+	// made it.
+	chunks [][]byte
+	seq    uint32
+	end    netlink.Message
 	// sent records that the batch went out and err what the kernel said.
 	sent bool
 	err  error
@@ -84,11 +83,11 @@ func (t *Txn) Commit() error {
 		return err
 	}
 	t.sent = true
-	if t.msgs == 0 {
+	if t.seq <= 1 { // nothing but begin
 		return nil
 	}
-	t.err = sendBatch(t.netns, t.framed())
-	t.buf = nil
+	t.err = sendBatch(t.netns, t.framed(), t.seq)
+	t.chunks = nil
 	return t.err
 }
 
@@ -103,51 +102,62 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if t.sent || len(req) < 2 {
 		return nil, errors.New("nft: messages queued on a committed transaction")
 	}
-	if len(t.buf) == 0 {
-		t.buf = appendMessage(t.buf, req[0])
+	msgs := req[1 : len(req)-1]
+	if len(t.chunks) == 0 { // the begin message opens the first chunk
+		msgs = req[:len(req)-1]
 		t.end = req[len(req)-1]
 	}
-	markTables(req)
-	for _, m := range req[1 : len(req)-1] {
-		t.last = len(t.buf)
-		t.buf = appendMessage(t.buf, m)
-		t.msgs++
+	markTables(msgs)
+	size := 0
+	for _, m := range msgs {
+		size += nlmsgAlign(nlmsgHdrLen + len(m.Data))
 	}
+	buf := make([]byte, 0, size)
+	for _, m := range msgs {
+		t.seq++
+		buf = appendMessage(buf, m, t.seq)
+	}
+	t.chunks = append(t.chunks, buf)
 	return nil, nil
 }
 
-// framed ends the batch and numbers its messages from 1 (begin is 1),
-// with only the last message before the end asking for an
-// acknowledgement (see sendBatch).
-func (t *Txn) framed() []byte {
-	out := appendMessage(t.buf, t.end)
-	seq := uint32(1)
-	for p := 0; p < len(out); seq++ {
-		binary.NativeEndian.PutUint32(out[p+8:], seq)
-		p += nlmsgAlign(int(binary.NativeEndian.Uint32(out[p:])))
+// framed is the whole batch, its end message added, with only the last
+// message before the end asking for an acknowledgement (see sendBatch).
+func (t *Txn) framed() [][]byte {
+	last := t.chunks[len(t.chunks)-1]
+	for p := 0; p < len(last); {
+		n := nlmsgAlign(int(binary.NativeEndian.Uint32(last[p:])))
+		if p+n == len(last) {
+			flags := last[p+6:]
+			binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+		}
+		p += n
 	}
-	flags := out[t.last+6:]
-	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
-	return out
+	return append(t.chunks, appendMessage(nil, t.end, t.seq+1))
 }
 
 // batchTimeout bounds the wait for the kernel's answer. The kernel
 // answers before sendmsg returns, so it only guards against surprises.
 const batchTimeout = 30 * time.Second
 
-// sendBatch sends an encoded batch (begin, messages, end) on a socket
-// of its own and waits for the acknowledgement of its last message,
-// which the batch numbers msgs+1 (begin is 1), or an error.
-func sendBatch(netns nsexec.NS, buf []byte) error {
+// sendBatch sends an encoded batch (begin, messages, end), in pieces
+// that one sendmsg gathers, on a socket of its own and waits for the
+// acknowledgement of its last message before end, numbered last, or an
+// error.
+func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) error {
 	c, err := dial(netns)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	size := 0
+	for _, b := range batch {
+		size += len(b)
+	}
 	// The whole batch goes out in one sendmsg, which the socket's send
 	// buffer must hold (SO_SNDBUFFORCE as root).
-	if err := c.SetWriteBuffer(len(buf) + 1<<16); err != nil {
-		return fmt.Errorf("nft: send buffer of %d bytes: %w", len(buf), err)
+	if err := c.SetWriteBuffer(size + 1<<16); err != nil {
+		return fmt.Errorf("nft: send buffer of %d bytes: %w", size, err)
 	}
 	// Error reports carry the kernel's reason, and there is room for
 	// many: if they overflowed the socket, the first one, which names the
@@ -155,14 +165,12 @@ func sendBatch(netns nsexec.NS, buf []byte) error {
 	// netlink.Conn misreads them.)
 	_ = c.SetOption(netlink.ExtendedAcknowledge, true)
 	_ = c.SetReadBuffer(4 << 20)
-	msgs := countMessages(buf) - 2
-	if err := send(c, buf); err != nil {
-		return fmt.Errorf("nft: send batch of %d messages: %w", msgs, err)
+	if err := send(c, batch); err != nil {
+		return fmt.Errorf("nft: send batch of %d messages: %w", last-1, err)
 	}
 	if err := c.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
 		return err
 	}
-	want := uint32(msgs + 1)
 	for {
 		// Receive returns the first error report as an error: the kernel
 		// rejected the batch and applied none of it.
@@ -171,7 +179,7 @@ func sendBatch(netns nsexec.NS, buf []byte) error {
 			return fmt.Errorf("nft: transaction rejected: %w", err)
 		}
 		for _, m := range msgs {
-			if m.Header.Sequence == want {
+			if m.Header.Sequence == last {
 				return nil
 			}
 		}
@@ -184,11 +192,11 @@ const nlmsgHdrLen = 16
 // nlmsgAlign rounds n up to netlink's 4-byte alignment.
 func nlmsgAlign(n int) int { return (n + 3) &^ 3 }
 
-// appendMessage appends m's encoding to buf, with the echo and
-// acknowledgement flags cleared and no sequence number yet (framed sets
-// both). The library asks for every message to be acknowledged and every
-// new rule to be echoed back (to learn its handle), which we never need.
-func appendMessage(buf []byte, m netlink.Message) []byte {
+// appendMessage appends m's encoding, numbered seq, to buf, with the echo
+// and acknowledgement flags cleared: the library asks for every message
+// to be acknowledged and every new rule to be echoed back (to learn its
+// handle), which we never need (framed asks for one acknowledgement).
+func appendMessage(buf []byte, m netlink.Message, seq uint32) []byte {
 	n := nlmsgHdrLen + len(m.Data)
 	off := len(buf)
 	buf = slices.Grow(buf, nlmsgAlign(n))[:off+nlmsgAlign(n)]
@@ -196,31 +204,28 @@ func appendMessage(buf []byte, m netlink.Message) []byte {
 	binary.NativeEndian.PutUint32(buf[off:], uint32(n))
 	binary.NativeEndian.PutUint16(buf[off+4:], uint16(m.Header.Type))
 	binary.NativeEndian.PutUint16(buf[off+6:], uint16(m.Header.Flags&^(netlink.Acknowledge|netlink.Echo)))
-	binary.NativeEndian.PutUint32(buf[off+8:], 0)
+	binary.NativeEndian.PutUint32(buf[off+8:], seq)
 	binary.NativeEndian.PutUint32(buf[off+12:], 0)
 	copy(buf[off+nlmsgHdrLen:], m.Data)
-	clear(buf[off+n : off+nlmsgAlign(n)])
+	clear(buf[off+n:])
 	return buf
 }
 
-// countMessages counts the netlink messages encoded in buf.
-func countMessages(buf []byte) int {
-	c := 0
-	for p := 0; p+nlmsgHdrLen <= len(buf); c++ {
-		p += nlmsgAlign(int(binary.NativeEndian.Uint32(buf[p:])))
-	}
-	return c
-}
+// maxIOV is how many pieces one sendmsg takes (the kernel's UIO_MAXIOV).
+const maxIOV = 1024
 
-// send writes buf to the kernel in one sendmsg on c's socket.
-func send(c *netlink.Conn, buf []byte) error {
+// send writes the batch to the kernel in one sendmsg on c's socket.
+func send(c *netlink.Conn, batch [][]byte) error {
+	if len(batch) > maxIOV {
+		batch = [][]byte{slices.Concat(batch...)}
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var sendErr error
 	err = rc.Write(func(fd uintptr) bool {
-		sendErr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		_, sendErr = unix.SendmsgBuffers(int(fd), batch, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 		return sendErr != unix.EAGAIN
 	})
 	return errors.Join(err, sendErr)
