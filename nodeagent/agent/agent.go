@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"slices"
 	"time"
@@ -72,6 +73,9 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
+	// Profiling serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on MetricsAddr: where the memory and the time go.
+	Profiling bool
 	// KubeProxyHealthzAddr is kube-proxy's healthzBindAddress
 	// (0.0.0.0:10256): while proxyshift serves the node, /healthz and
 	// /livez answer there as kube-proxy's do, in the node's namespace.
@@ -144,6 +148,10 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if opts.Profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		go serve(ctx, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
 	}
 
