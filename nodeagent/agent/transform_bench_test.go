@@ -1,14 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"runtime"
 	"testing"
 
-	"bytes"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-
 	apiruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
