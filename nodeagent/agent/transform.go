@@ -55,17 +55,19 @@ func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 	}
 }
 
-// trimMeta keeps an object's name, namespace, UID and resource version,
+// trimMeta keeps an object's name, namespace, UID, resource version and
+// creation time (the oldest Service wins an external address both claim),
 // the label label and the annotation annotation ("" for none).
 func trimMeta(m *metav1.ObjectMeta, label, annotation string) {
 	*m = metav1.ObjectMeta{
-		Name:            m.Name,
-		Namespace:       m.Namespace,
-		UID:             m.UID,
-		ResourceVersion: m.ResourceVersion,
-		Generation:      m.Generation,
-		Labels:          keepKey(m.Labels, label),
-		Annotations:     keepKey(m.Annotations, annotation),
+		Name:              m.Name,
+		Namespace:         m.Namespace,
+		UID:               m.UID,
+		ResourceVersion:   m.ResourceVersion,
+		Generation:        m.Generation,
+		CreationTimestamp: m.CreationTimestamp,
+		Labels:            keepKey(m.Labels, label),
+		Annotations:       keepKey(m.Annotations, annotation),
 	}
 }
 

@@ -24,10 +24,11 @@ func fullObjects() (*corev1.Service, *discoveryv1.EndpointSlice) {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "web", Namespace: "shop", UID: "u1", ResourceVersion: "7", Generation: 2,
-			Labels:          map[string]string{"app": "web"},
-			Annotations:     map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
-			ManagedFields:   managed,
-			OwnerReferences: []metav1.OwnerReference{{Name: "x"}},
+			CreationTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)),
+			Labels:            map[string]string{"app": "web"},
+			Annotations:       map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+			ManagedFields:     managed,
+			OwnerReferences:   []metav1.OwnerReference{{Name: "x"}},
 		},
 		Spec: corev1.ServiceSpec{
 			Type:                  corev1.ServiceTypeLoadBalancer,
@@ -86,10 +87,21 @@ func TestTrimKeepsTheModel(t *testing.T) {
 				}
 			}
 		}
+		// An older Service claims the same external IP, and arrives
+		// second: the older one wins it, which the model knows by the
+		// creation times.
+		older := svc.DeepCopy()
+		older.Name, older.UID = "zz-older", "u0" // after "web" by name
+		older.Spec.ClusterIP, older.Spec.ClusterIPs = "198.18.0.11", []string{"198.18.0.11"}
+		older.CreationTimestamp = metav1.NewTime(svc.CreationTimestamp.Add(-time.Hour))
+		if trim {
+			_, _ = trimObject(older)
+		}
 		tr := model.NewTracker("node-a", nil)
 		tr.SetNodeZone("z1")
 		tr.OnServiceAdd(svc)
 		tr.OnEndpointSliceAdd(slice)
+		tr.OnServiceAdd(older)
 		snap, _ := tr.Snapshot()
 		return snap
 	}
@@ -110,8 +122,8 @@ func TestTrimKeepsTheModel(t *testing.T) {
 	if svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels != nil || svc.Spec.Selector != nil || svc.OwnerReferences != nil {
 		t.Errorf("the Service kept what the agent never reads: %+v", svc.ObjectMeta)
 	}
-	if svc.Name != "web" || svc.Namespace != "shop" || svc.UID != "u1" || svc.ResourceVersion != "7" {
-		t.Errorf("the Service lost its identity (events name it): %+v", svc.ObjectMeta)
+	if svc.Name != "web" || svc.Namespace != "shop" || svc.UID != "u1" || svc.ResourceVersion != "7" || svc.CreationTimestamp.IsZero() {
+		t.Errorf("the Service lost its identity (events name it) or its creation time (the oldest wins a contested address): %+v", svc.ObjectMeta)
 	}
 	if slice.ManagedFields != nil || len(slice.Labels) != 1 || len(slice.Annotations) != 1 || slice.OwnerReferences != nil {
 		t.Errorf("the EndpointSlice kept what the agent never reads: %+v", slice.ObjectMeta)
