@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"slices"
 	"time"
@@ -72,6 +73,9 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
+	// Profiling serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on MetricsAddr: where the memory and the time go.
+	Profiling bool
 	// KubeProxyHealthzAddr is kube-proxy's healthzBindAddress
 	// (0.0.0.0:10256): while proxyshift serves the node, /healthz and
 	// /livez answer there as kube-proxy's do, in the node's namespace.
@@ -144,10 +148,14 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if opts.Profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		go serve(ctx, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
 	}
 
-	factory := informers.NewSharedInformerFactory(client, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimObject))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
 	}))
@@ -159,7 +167,8 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		Name: "proxyshift_refused_external_addresses",
 		Help: "External addresses (externalIPs, load-balancer IPs) of Services not routed because another Service's cluster IP, the node, or an earlier Service owns them.",
 	}, func() float64 { return float64(tracker.Refused()) }))
-	if err := wireTracker(factory, tracker); err != nil {
+	trackerSynced, err := wireTracker(factory, tracker)
+	if err != nil {
 		return err
 	}
 	a := &agentState{opts: opts, ns: ns, tracker: tracker, kick: make(chan struct{}, 1)}
@@ -172,7 +181,6 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	var pnClient *report.Client
 	var pnInformer cache.SharedIndexInformer
 	if opts.RESTConfig != nil {
-		var err error
 		if pnClient, err = report.NewClient(opts.RESTConfig); err != nil {
 			return err
 		}
@@ -190,9 +198,13 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
+	// The tracker's registrations, not the informers: an informer has
+	// synced once its cache holds the first list, its handlers (the
+	// tracker) once they received all of it, so the first sync programs
+	// every Service, not the part of them delivered so far.
 	waitFor := []informer{
-		{"Services", factory.Core().V1().Services().Informer().HasSynced},
-		{"EndpointSlices", factory.Discovery().V1().EndpointSlices().Informer().HasSynced},
+		{"Services", trackerSynced[0]},
+		{"EndpointSlices", trackerSynced[1]},
 		{"its Node", nodeInformer.Informer().HasSynced},
 	}
 	if pnInformer != nil {
@@ -337,9 +349,12 @@ func (w *servingWatch) synced(p switcher.PrimarySync) {
 	}
 }
 
-// wireTracker feeds Service and EndpointSlice events into the tracker.
-func wireTracker(factory informers.SharedInformerFactory, t *model.Tracker) error {
-	if _, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+// wireTracker feeds Service and EndpointSlice events into the tracker. It
+// returns whether the tracker has received the first list of Services and
+// of EndpointSlices.
+func wireTracker(factory informers.SharedInformerFactory, t *model.Tracker) ([2]cache.InformerSynced, error) {
+	var synced [2]cache.InformerSynced
+	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { t.OnServiceAdd(o.(*corev1.Service)) },
 		UpdateFunc: func(_, o any) { t.OnServiceUpdate(o.(*corev1.Service)) },
 		DeleteFunc: func(o any) {
@@ -347,10 +362,11 @@ func wireTracker(factory informers.SharedInformerFactory, t *model.Tracker) erro
 				t.OnServiceDelete(svc)
 			}
 		},
-	}); err != nil {
-		return err
+	})
+	if err != nil {
+		return synced, err
 	}
-	_, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { t.OnEndpointSliceAdd(o.(*discoveryv1.EndpointSlice)) },
 		UpdateFunc: func(_, o any) { t.OnEndpointSliceUpdate(o.(*discoveryv1.EndpointSlice)) },
 		DeleteFunc: func(o any) {
@@ -359,7 +375,10 @@ func wireTracker(factory informers.SharedInformerFactory, t *model.Tracker) erro
 			}
 		},
 	})
-	return err
+	if err != nil {
+		return synced, err
+	}
+	return [2]cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}, nil
 }
 
 func unwrapDeleted(o any) any {

@@ -112,7 +112,9 @@ type informer struct {
 // ends first.
 func waitSynced(ctx context.Context, r *report.Reporter, h *health, grace time.Duration, informers ...informer) bool {
 	start := time.Now()
-	tick := time.NewTicker(100 * time.Millisecond)
+	// Looking is cheap, and every tick between the lists' end and the
+	// first sync is start-up time.
+	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	reported := false
 	for {

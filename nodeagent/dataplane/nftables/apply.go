@@ -6,13 +6,25 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 )
 
-// queue turns a plan into google/nftables calls on conn, for the table of
-// family f. Nothing reaches the kernel before the transaction commits.
-func queue(conn *nftables.Conn, f *family, ops []op) error {
+// encodeEvery is how many operations are queued between two encodings
+// of the transaction (nft.Txn.Encode): it bounds what the library holds
+// at once to a few thousand messages.
+const encodeEvery = 1024
+
+// queue turns a plan into google/nftables calls on t's connection, for the
+// table of family f. Nothing reaches the kernel before the transaction
+// commits.
+func queue(t *nft.Txn, f *family, ops []op) error {
+	conn := t.Conn()
 	table := &nftables.Table{Name: TableName, Family: f.Table}
 	chainRef := func(name string) *nftables.Chain { return &nftables.Chain{Name: name, Table: table} }
 	var setID uint32
-	for _, o := range ops {
+	for i, o := range ops {
+		if i > 0 && i%encodeEvery == 0 {
+			if err := t.Encode(); err != nil {
+				return err
+			}
+		}
 		switch o.kind {
 		case opAddTable:
 			conn.AddTable(table)

@@ -218,8 +218,12 @@ func rewriteReason(rs *ruleset) string {
 	return ""
 }
 
-// full rewrites the family's table from the model.
+// full rewrites the family's table from the model. The state of the
+// previous sync is let go first: a full sync does not read it, and at
+// 10k services it is as large as the ruleset rendered now. Should the
+// sync fail, the next one is a full one without it, as it would be.
 func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+	delete(b.state, f)
 	rs, claims := render(f, ports, b.policy[f])
 	kt, err := b.list(f)
 	if err != nil {
@@ -366,7 +370,7 @@ func (b *Backend) commit(f *family, ops []op) error {
 	follows := genErr == nil && b.genKnown && before == b.gen
 	b.genKnown = false
 	t := nft.NewTxn(b.netns)
-	if err := queue(t.Conn(), f, ops); err != nil {
+	if err := queue(t, f, ops); err != nil {
 		return err
 	}
 	err := t.Commit()

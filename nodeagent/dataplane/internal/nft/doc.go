@@ -15,8 +15,9 @@
 //   - Chain, Hook, Set, Element and Verdict: definitions, turned into
 //     google/nftables' types, with elements split into messages that fit
 //     a netlink attribute.
-//   - Txn: one transaction, sent to the kernel in one sendmsg and applied
-//     whole or not at all; and the dumps that read a table back in one
+//   - Txn: one transaction, encoded as it is queued (so a full sync holds
+//     the batch's bytes, not the library's messages for all of it), sent
+//     to the kernel in one sendmsg and applied whole or not at all; and the dumps that read a table back in one
 //     request each (its chains, its rule counts), which google/nftables
 //     can only do chain by chain.
 //

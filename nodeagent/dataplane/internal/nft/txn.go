@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -31,9 +32,24 @@ import (
 // Txn is one transaction in the making: queue its messages with
 // google/nftables' calls on Conn, then Commit. Every table it creates
 // carries proxyshift's mark (see OwnerComment).
+//
+// A large transaction is encoded as it is queued: Encode moves the
+// messages queued so far out of the library into the batch's wire
+// encoding, so that only their bytes stay, not the library's messages
+// and the attribute trees they were built from (at 10k services those
+// are several times the size of the batch itself). Commit encodes the
+// rest and sends the whole batch at once: the kernel applies a batch only
+// as one message buffer.
 type Txn struct {
 	conn  *nftables.Conn
 	netns nsexec.NS
+	// chunks are the batch's encoding so far, one per encoding: the
+	// batch's begin message and the messages queued, numbered from 1
+	// (begin) to seq. end is the batch's end message, as the library
+	// made it.
+	chunks [][]byte
+	seq    uint32
+	end    netlink.Message
 	// sent records that the batch went out and err what the kernel said.
 	sent bool
 	err  error
@@ -50,66 +66,98 @@ func NewTxn(netns nsexec.NS) *Txn {
 // Conn is the connection to queue the transaction's messages on.
 func (t *Txn) Conn() *nftables.Conn { return t.conn }
 
+// Encode moves the messages queued on Conn so far into the batch's
+// encoding. Call it now and then while queueing a large transaction; it
+// changes nothing of what Commit sends. It returns the library's error
+// for a message it could not build.
+func (t *Txn) Encode() error { return t.conn.Flush() }
+
 // Commit sends the queued batch and reports the kernel's verdict on it:
 // nil when it applied the whole batch, the first failing message's error
 // when it applied none of it.
 func (t *Txn) Commit() error {
+	if t.sent {
+		return errors.New("nft: transaction committed twice")
+	}
 	if err := t.conn.Flush(); err != nil {
 		return err
 	}
+	t.sent = true
+	if t.seq <= 1 { // nothing but begin
+		return nil
+	}
+	t.err = sendBatch(t.netns, t.framed(), t.seq)
+	t.chunks = nil
 	return t.err
 }
 
 // exchange stands in for the kernel on the library's connection. The
-// library sends the batch (req != nil) and then waits for one
-// acknowledgement per message (req == nil), which it gets here; the
-// kernel's real answer is kept in t.err for commit.
+// library sends its queued messages as a batch (req != nil) and then
+// waits for one acknowledgement per message (req == nil), which it gets
+// here; the messages are appended to the transaction's encoding.
 func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if req == nil {
 		return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
 	}
-	if t.sent {
-		t.err = errors.Join(t.err, errors.New("nft: second batch on one transaction"))
-		return nil, nil
+	if t.sent || len(req) < 2 {
+		return nil, errors.New("nft: messages queued on a committed transaction")
 	}
-	t.sent = true
-	markTables(req)
-	t.err = sendBatch(t.netns, req)
+	msgs := req[1 : len(req)-1]
+	if len(t.chunks) == 0 { // the begin message opens the first chunk
+		msgs = req[:len(req)-1]
+		t.end = req[len(req)-1]
+	}
+	markTables(msgs)
+	size := 0
+	for _, m := range msgs {
+		size += nlmsgAlign(nlmsgHdrLen + len(m.Data))
+	}
+	buf := make([]byte, 0, size)
+	for _, m := range msgs {
+		t.seq++
+		buf = appendMessage(buf, m, t.seq)
+	}
+	t.chunks = append(t.chunks, buf)
 	return nil, nil
+}
+
+// framed is the whole batch, its end message added, with only the last
+// message before the end asking for an acknowledgement (see sendBatch).
+func (t *Txn) framed() [][]byte {
+	last := t.chunks[len(t.chunks)-1]
+	for p := 0; p < len(last); {
+		n := nlmsgAlign(int(binary.NativeEndian.Uint32(last[p:])))
+		if p+n == len(last) {
+			flags := last[p+6:]
+			binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+		}
+		p += n
+	}
+	return append(t.chunks, appendMessage(nil, t.end, t.seq+1))
 }
 
 // batchTimeout bounds the wait for the kernel's answer. The kernel
 // answers before sendmsg returns, so it only guards against surprises.
 const batchTimeout = 30 * time.Second
 
-// sendBatch sends a batch (begin, messages, end) on a socket of its own
-// and waits for the acknowledgement of its last message, or an error.
-func sendBatch(netns nsexec.NS, batch []netlink.Message) error {
-	if len(batch) < 3 {
-		return nil
-	}
+// sendBatch sends an encoded batch (begin, messages, end), in pieces
+// that one sendmsg gathers, on a socket of its own and waits for the
+// acknowledgement of its last message before end, numbered last, or an
+// error.
+func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) error {
 	c, err := dial(netns)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-
-	// Only the last message before the batch end (which is never
-	// acknowledged itself) asks for an acknowledgement. The library also
-	// asks for every new rule to be echoed back (to learn its handle),
-	// which we never need.
-	last := len(batch) - 2
-	buf := marshalBatch(batch, func(i int, f netlink.HeaderFlags) netlink.HeaderFlags {
-		f &^= netlink.Acknowledge | netlink.Echo
-		if i == last {
-			f |= netlink.Acknowledge
-		}
-		return f
-	})
+	size := 0
+	for _, b := range batch {
+		size += len(b)
+	}
 	// The whole batch goes out in one sendmsg, which the socket's send
 	// buffer must hold (SO_SNDBUFFORCE as root).
-	if err := c.SetWriteBuffer(len(buf) + 1<<16); err != nil {
-		return fmt.Errorf("nft: send buffer of %d bytes: %w", len(buf), err)
+	if err := c.SetWriteBuffer(size + 1<<16); err != nil {
+		return fmt.Errorf("nft: send buffer of %d bytes: %w", size, err)
 	}
 	// Error reports carry the kernel's reason, and there is room for
 	// many: if they overflowed the socket, the first one, which names the
@@ -117,13 +165,12 @@ func sendBatch(netns nsexec.NS, batch []netlink.Message) error {
 	// netlink.Conn misreads them.)
 	_ = c.SetOption(netlink.ExtendedAcknowledge, true)
 	_ = c.SetReadBuffer(4 << 20)
-	if err := send(c, buf); err != nil {
-		return fmt.Errorf("nft: send batch of %d messages: %w", len(batch)-2, err)
+	if err := send(c, batch); err != nil {
+		return fmt.Errorf("nft: send batch of %d messages: %w", last-1, err)
 	}
 	if err := c.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
 		return err
 	}
-	want := uint32(last + 1) // marshalBatch numbers messages from 1
 	for {
 		// Receive returns the first error report as an error: the kernel
 		// rejected the batch and applied none of it.
@@ -132,49 +179,53 @@ func sendBatch(netns nsexec.NS, batch []netlink.Message) error {
 			return fmt.Errorf("nft: transaction rejected: %w", err)
 		}
 		for _, m := range msgs {
-			if m.Header.Sequence == want {
+			if m.Header.Sequence == last {
 				return nil
 			}
 		}
 	}
 }
 
-// marshalBatch encodes msgs into one buffer, numbering them from 1 and
-// setting each one's flags with flags(index, flags). netlink.Conn's own
-// encoding allocates per message and grows its buffer by appending,
-// which for a batch of megabytes costs more than the kernel's work.
-func marshalBatch(msgs []netlink.Message, flags func(int, netlink.HeaderFlags) netlink.HeaderFlags) []byte {
-	const hdrLen = 16
-	align := func(n int) int { return (n + 3) &^ 3 }
-	size := 0
-	for _, m := range msgs {
-		size += align(hdrLen + len(m.Data))
-	}
-	buf := make([]byte, size)
-	off := 0
-	for i, m := range msgs {
-		n := hdrLen + len(m.Data)
-		// struct nlmsghdr, in host byte order.
-		binary.NativeEndian.PutUint32(buf[off:], uint32(n))
-		binary.NativeEndian.PutUint16(buf[off+4:], uint16(m.Header.Type))
-		binary.NativeEndian.PutUint16(buf[off+6:], uint16(flags(i, m.Header.Flags)))
-		binary.NativeEndian.PutUint32(buf[off+8:], uint32(i+1))
-		binary.NativeEndian.PutUint32(buf[off+12:], 0)
-		copy(buf[off+hdrLen:], m.Data)
-		off += align(n)
-	}
+// nlmsgHdrLen is the length of struct nlmsghdr.
+const nlmsgHdrLen = 16
+
+// nlmsgAlign rounds n up to netlink's 4-byte alignment.
+func nlmsgAlign(n int) int { return (n + 3) &^ 3 }
+
+// appendMessage appends m's encoding, numbered seq, to buf, with the echo
+// and acknowledgement flags cleared: the library asks for every message
+// to be acknowledged and every new rule to be echoed back (to learn its
+// handle), which we never need (framed asks for one acknowledgement).
+func appendMessage(buf []byte, m netlink.Message, seq uint32) []byte {
+	n := nlmsgHdrLen + len(m.Data)
+	off := len(buf)
+	buf = slices.Grow(buf, nlmsgAlign(n))[:off+nlmsgAlign(n)]
+	// struct nlmsghdr, in host byte order.
+	binary.NativeEndian.PutUint32(buf[off:], uint32(n))
+	binary.NativeEndian.PutUint16(buf[off+4:], uint16(m.Header.Type))
+	binary.NativeEndian.PutUint16(buf[off+6:], uint16(m.Header.Flags&^(netlink.Acknowledge|netlink.Echo)))
+	binary.NativeEndian.PutUint32(buf[off+8:], seq)
+	binary.NativeEndian.PutUint32(buf[off+12:], 0)
+	copy(buf[off+nlmsgHdrLen:], m.Data)
+	clear(buf[off+n:])
 	return buf
 }
 
-// send writes buf to the kernel in one sendmsg on c's socket.
-func send(c *netlink.Conn, buf []byte) error {
+// maxIOV is how many pieces one sendmsg takes (the kernel's UIO_MAXIOV).
+const maxIOV = 1024
+
+// send writes the batch to the kernel in one sendmsg on c's socket.
+func send(c *netlink.Conn, batch [][]byte) error {
+	if len(batch) > maxIOV {
+		batch = [][]byte{slices.Concat(batch...)}
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var sendErr error
 	err = rc.Write(func(fd uintptr) bool {
-		sendErr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		_, sendErr = unix.SendmsgBuffers(int(fd), batch, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 		return sendErr != unix.EAGAIN
 	})
 	return errors.Join(err, sendErr)

@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+)
+
+// fullObjects returns a Service and its EndpointSlice with every field
+// the API server fills or a user may set, among them all the ones the
+// model reads (topology hints, a local endpoint, load-balancer ingress,
+// affinity, traffic policies) and the trigger-time annotation.
+func fullObjects() (*corev1.Service, *discoveryv1.EndpointSlice) {
+	managed := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply, FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{}}`)}}}
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "web", Namespace: "shop", UID: "u1", ResourceVersion: "7", Generation: 2,
+			CreationTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)),
+			Labels:            map[string]string{"app": "web"},
+			Annotations:       map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+			ManagedFields:     managed,
+			OwnerReferences:   []metav1.OwnerReference{{Name: "x"}},
+		},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeLoadBalancer,
+			Selector:              map[string]string{"app": "web"},
+			ClusterIP:             "198.18.0.10",
+			ClusterIPs:            []string{"198.18.0.10"},
+			IPFamilies:            []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports:                 []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080}},
+			ExternalIPs:           []string{"198.18.5.5"},
+			SessionAffinity:       corev1.ServiceAffinityClientIP,
+			SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}},
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			InternalTrafficPolicy: &local,
+			HealthCheckNodePort:   31000,
+		},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "198.18.6.6"}}}},
+	}
+	ep := func(ip, node, zone string, ready bool) discoveryv1.Endpoint {
+		return discoveryv1.Endpoint{
+			Addresses:  []string{ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: ptr.To(!ready)},
+			NodeName:   &node, Zone: &zone, Hostname: ptr.To("pod"),
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-" + ip, UID: "p"},
+			Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}},
+		}
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "web-abc", Namespace: "shop", UID: "u2", ResourceVersion: "9",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Annotations: map[string]string{
+				corev1.EndpointsLastChangeTriggerTime: time.Now().Add(time.Hour).UTC().Format(time.RFC3339), // after the tracker starts
+				"other":                               "x",
+			},
+			ManagedFields:   managed,
+			OwnerReferences: []metav1.OwnerReference{{Name: "web"}},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{ep("198.18.1.1", "node-a", "z1", true), ep("198.18.1.2", "node-b", "z2", false)},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}},
+	}
+	return svc, slice
+}
+
+// TestTrimKeepsTheModel builds the model of one node from a Service and
+// its EndpointSlice as the API server sends them and from the same
+// objects after the informers' transform, and checks that the two models
+// are the same while the transform dropped what the agent never reads.
+func TestTrimKeepsTheModel(t *testing.T) {
+	build := func(trim bool) *model.Snapshot {
+		svc, slice := fullObjects()
+		if trim {
+			for _, o := range []any{svc, slice} {
+				if _, err := trimObject(o); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// An older Service claims the same external IP, and arrives
+		// second: the older one wins it, which the model knows by the
+		// creation times.
+		older := svc.DeepCopy()
+		older.Name, older.UID = "zz-older", "u0" // after "web" by name
+		older.Spec.ClusterIP, older.Spec.ClusterIPs = "198.18.0.11", []string{"198.18.0.11"}
+		older.CreationTimestamp = metav1.NewTime(svc.CreationTimestamp.Add(-time.Hour))
+		if trim {
+			_, _ = trimObject(older)
+		}
+		tr := model.NewTracker("node-a", nil)
+		tr.SetNodeZone("z1")
+		tr.OnServiceAdd(svc)
+		tr.OnEndpointSliceAdd(slice)
+		tr.OnServiceAdd(older)
+		snap, _ := tr.Snapshot()
+		return snap
+	}
+	full, trimmed := build(false), build(true)
+	if len(full.Ports[corev1.IPv4Protocol]) == 0 {
+		t.Fatal("the untrimmed objects built no service port")
+	}
+	if !reflect.DeepEqual(full.Ports, trimmed.Ports) {
+		t.Errorf("the model differs after trimming:\nfull:    %+v\ntrimmed: %+v", full.Ports, trimmed.Ports)
+	}
+	if len(full.Triggers) != 1 || !reflect.DeepEqual(full.Triggers, trimmed.Triggers) {
+		t.Errorf("trigger times: full %v, trimmed %v", full.Triggers, trimmed.Triggers)
+	}
+
+	svc, slice := fullObjects()
+	_, _ = trimObject(svc)
+	_, _ = trimObject(slice)
+	if svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels != nil || svc.Spec.Selector != nil || svc.OwnerReferences != nil {
+		t.Errorf("the Service kept what the agent never reads: %+v", svc.ObjectMeta)
+	}
+	if svc.Name != "web" || svc.Namespace != "shop" || svc.UID != "u1" || svc.ResourceVersion != "7" || svc.CreationTimestamp.IsZero() {
+		t.Errorf("the Service lost its identity (events name it) or its creation time (the oldest wins a contested address): %+v", svc.ObjectMeta)
+	}
+	if slice.ManagedFields != nil || len(slice.Labels) != 1 || len(slice.Annotations) != 1 || slice.OwnerReferences != nil {
+		t.Errorf("the EndpointSlice kept what the agent never reads: %+v", slice.ObjectMeta)
+	}
+	for _, e := range slice.Endpoints {
+		if e.TargetRef != nil || e.Hostname != nil {
+			t.Errorf("an endpoint kept its targetRef or hostname: %+v", e)
+		}
+	}
+	proxied := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{model.LabelServiceProxyName: "other", "app": "x"}}}
+	_, _ = trimObject(proxied)
+	if proxied.Labels[model.LabelServiceProxyName] != "other" || len(proxied.Labels) != 1 {
+		t.Errorf("the service-proxy-name label, which the model reads, is not kept alone: %v", proxied.Labels)
+	}
+	tomb := "a tombstone"
+	if got, _ := trimObject(tomb); got != tomb {
+		t.Errorf("other objects are not passed through: %v", got)
+	}
+}

@@ -1,0 +1,62 @@
+package nft
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/nftables"
+
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// TestEncodedTransaction commits, in a network namespace of its own, a
+// transaction encoded in more pieces than one sendmsg takes (maxIOV), and
+// checks that the kernel holds every chain of it; then a transaction
+// whose last message fails, and checks that the kernel applied none of
+// it, also the messages encoded before the failing one.
+func TestEncodedTransaction(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "txn")
+	table := &nftables.Table{Name: "proxyshift-txn-test", Family: nftables.TableFamilyIPv4}
+	const chains = maxIOV + 200
+
+	txn := NewTxn(ns.NS())
+	txn.Conn().AddTable(table)
+	for i := range chains {
+		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
+		if err := txn.Encode(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := txn.Commit(); err != nil {
+		t.Fatalf("commit of %d chains in %d pieces: %v", chains, chains+1, err)
+	}
+	if n := countChains(t, ns, table.Name); n != chains {
+		t.Fatalf("the kernel holds %d chains, want %d", n, chains)
+	}
+
+	bad := NewTxn(ns.NS())
+	bad.Conn().AddChain(&nftables.Chain{Name: "added", Table: table})
+	if err := bad.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	bad.Conn().DelChain(&nftables.Chain{Name: "missing", Table: table})
+	if err := bad.Commit(); err == nil {
+		t.Fatal("deleting a missing chain was accepted")
+	}
+	if n := countChains(t, ns, table.Name); n != chains {
+		t.Errorf("after a rejected transaction the kernel holds %d chains, want %d", n, chains)
+	}
+	if err := bad.Commit(); err == nil {
+		t.Error("a transaction committed twice")
+	}
+}
+
+func countChains(t *testing.T, ns *netlab.NetNS, table string) int {
+	t.Helper()
+	n := 0
+	if err := EachChain(ns.NS(), nftables.TableFamilyIPv4, table, func(string, bool) { n++ }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
