@@ -45,7 +45,7 @@ func MeasureRuleset(ctx context.Context, ns nsexec.NS, save string) (RulesetSize
 // SizeRuleset sizes a listing in nft's syntax (`nft list ruleset`).
 func SizeRuleset(listing string) RulesetSize {
 	rs := RulesetSize{Bytes: len(listing)}
-	var block string   // "chain", "set", "map" or "" (table level)
+	var block string    // "chain", "set", "map" or "" (table level)
 	inElements := false // inside a named set's "elements = { ... }"
 	for _, line := range strings.SplitAfter(listing, "\n") {
 		s := strings.TrimSpace(line)
