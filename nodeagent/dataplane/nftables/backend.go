@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -455,9 +456,10 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 			if sharedMaps[s.Name] && e.Comment != "" {
 				services[e.Comment] = true
 			}
-			if isEndpoints && len(e.Key) == 8 {
-				// The key's first half is id<<1|choice.
-				port := string(e.Key[:3]) + string(e.Key[3]&^1)
+			if isEndpoints && len(e.Key) == 4 {
+				// The key's first 16 bits are the choice within the map,
+				// id<<1|local modulo 2*endpointMapPorts (choiceKey).
+				port := s.Name + "/" + strconv.Itoa(int(e.Key[1]>>1))
 				if endpoints[port] == nil {
 					endpoints[port] = map[string]bool{}
 				}

@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,10 +52,11 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	// Only the port's range of the replaced endpoint changes: no rule,
 	// no chain, no verdict. The port's cluster choice is id<<1.
 	id := st.rs.ports[target].id
-	choice, m := itoa(int32(id<<1)), endpointMapName(id)
+	first, m := choiceKey(id<<1), endpointMapName(id)
+	last := strconv.Itoa(int(first+43690)) + "-" + strconv.Itoa(int(first+65535))
 	want := []string{
-		"delete element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 8002 }",
-		"add element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 9000 }",
+		"delete element " + m + " { " + last + " : 10.128.0.17 . 8002 }",
+		"add element " + m + " { " + last + " : 10.128.0.17 . 9000 }",
 	}
 	if got := opStrings(ops); !slices.Equal(got, want) {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -165,12 +168,18 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	for _, o := range ops {
 		s := o.String()
 		if strings.HasPrefix(o.name, prefixEndpointMap) {
-			ids := []string{}
-			for _, name := range []model.ServicePortName{a, b, c} {
-				ids = append(ids, itoa(int32(st.rs.ports[name].id<<1))+" . ")
+			// Each element's key lies in the range of a changed port's
+			// cluster choice, in that port's map.
+			ownedByChanged := func(e element) bool {
+				key := binary.BigEndian.Uint32(e.key)
+				return slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
+					id := st.rs.ports[name].id
+					first := choiceKey(id << 1)
+					return o.name == endpointMapName(id) && key >= first && key < first+numgenRange
+				})
 			}
 			for _, e := range o.elems {
-				if !slices.ContainsFunc(ids, func(p string) bool { return strings.HasPrefix(e.text, p) }) {
+				if !ownedByChanged(e) {
 					t.Errorf("op touches another port's endpoint: %s", s)
 				}
 			}
@@ -203,7 +212,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		// a: cluster IP goes from its service chain to reject.
 		"delete element service-ips { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(a).service,
 		"add element no-endpoint-services { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto reject-chain",
-		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + itoa(int32(st.rs.ports[a].id<<1)) + " . 0-32767 : ",
+		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1))) + "-" + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1)+32767)) + " : ",
 		// b: gone entirely.
 		"delete element service-ips { " + ports[b].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(b).service,
 		"flush chain " + namesFor(b).service,

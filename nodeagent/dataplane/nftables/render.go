@@ -229,14 +229,15 @@ func built(rbs []*nft.Builder) []rule {
 // endpoints.
 const numgenRange = 65536
 
-// numgenKeyType is the key of the service-endpoints maps: an endpoint
-// choice (32 bits) and a random number (32 bits), one 64-bit key to the
-// kernel.
-var numgenKeyType = func() nftables.SetDatatype {
-	t := nftables.TypeInteger
-	t.Bytes = 8
-	return t
-}()
+// choiceKey is the first key of an endpoint choice in its
+// service-endpoints map: the rule adds it to the random number as its
+// numgen offset, so that a choice's keys are [choiceKey, choiceKey +
+// numgenRange). A map holds the choices of endpointMapPorts ports, two
+// each (cluster and local), numbered within the map: the keys stay below
+// 2*endpointMapPorts*numgenRange (2 097 152), short to list and to store.
+func choiceKey(choice uint32) uint32 {
+	return choice % (2 * endpointMapPorts) * numgenRange
+}
 
 // renderPort describes the objects of one service port, as np's policy
 // for it decides; id numbers the port (portObjects.id).
@@ -379,8 +380,8 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 //
 // Without ClientIP affinity, the chain ends with one rule that never
 // changes: DNAT to the address and port the port's service-endpoints map
-// holds for "choice . n", n a random number in [0, numgenRange) and
-// choice this chain's number (the port's id, and which of its two
+// holds for choiceKey(choice) + n, n a random number in [0, numgenRange)
+// and choice this chain's number (the port's id, and which of its two
 // chains), the map splitting the range among the endpoints. An endpoint
 // change rewrites the port's elements of the map only, which (unlike a
 // new rule or a verdict-map element that jumps) does not make the kernel
@@ -405,11 +406,11 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 	}
 	if sp.AffinityTimeout == 0 {
 		if objs.endpointMap == nil {
-			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: numgenKeyType, keyText: "integer . integer", flatKey: true, interval: true,
+			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
 				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
 		objs.endpointElems = append(objs.endpointElems, numgenRanges(f, choice, eps)...)
-		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, choice, numgenRange, objs.endpointMap.name).Rule())
+		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, numgenRange, choiceKey(choice), objs.endpointMap.name).Rule())
 		objs.chains = append(objs.chains, c)
 		return
 	}
@@ -426,25 +427,23 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 
 // numgenRanges splits [0, numgenRange) into one nearly equal interval
 // per endpoint (their sizes differ by at most one), each mapped to the
-// endpoint's address . port, as elements "choice . lo-hi" of the
-// service-endpoints map. Endpoints beyond numgenRange get none.
+// endpoint's address . port, as elements "lo-hi" of the service-endpoints
+// map, offset by the choice's first key (choiceKey). Endpoints beyond
+// numgenRange get none.
 func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 	n := min(len(eps), numgenRange)
 	elems := make([]element, 0, n)
-	key := func(v uint32) []byte {
-		return append(binaryutil.BigEndian.PutUint32(choice), binaryutil.BigEndian.PutUint32(v)...)
-	}
-	prefix := strconv.FormatUint(uint64(choice), 10) + " . "
+	first := choiceKey(choice)
 	for i, ep := range eps[:n] {
-		lo, end := uint32(i*numgenRange/n), uint32((i+1)*numgenRange/n)
-		text := prefix + itoa(int32(lo)) + "-" + itoa(int32(end-1))
+		lo, end := first+uint32(i*numgenRange/n), first+uint32((i+1)*numgenRange/n)
+		text := strconv.FormatUint(uint64(lo), 10) + "-" + strconv.FormatUint(uint64(end-1), 10)
 		if end-1 == lo {
-			text = prefix + itoa(int32(lo))
+			text = strconv.FormatUint(uint64(lo), 10)
 		}
 		port := uint16(ep.Port)
 		elems = append(elems, element{
-			key:      key(lo),
-			keyEnd:   key(end - 1),
+			key:      binaryutil.BigEndian.PutUint32(lo),
+			keyEnd:   binaryutil.BigEndian.PutUint32(end - 1),
 			text:     text,
 			data:     append(f.Bytes(ep.IP), byte(port>>8), byte(port), 0, 0),
 			dataText: ep.IP.String() + " . " + itoa(ep.Port),
