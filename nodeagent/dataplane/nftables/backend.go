@@ -454,7 +454,7 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 			}
 			total.Rules++
 			if sharedMaps[s.Name] && e.Comment != "" {
-				services[e.Comment] = true
+				services[hashed(e.Comment)[:hashLen]] = true
 			}
 			if isEndpoints && len(e.Key) == 4 {
 				// The key's first 16 bits are the choice within the map,
@@ -467,7 +467,6 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 			}
 		}
 	}
-	total.Services += len(services)
 	for _, eps := range endpoints {
 		total.Endpoints += len(eps)
 	}
@@ -480,7 +479,12 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 		if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
 			total.Endpoints++
 		}
+		// A port's chains always hold rules; a stale one is empty.
+		if h := portHash(chain); h != "" && n > 0 {
+			services[h] = true
+		}
 	}
+	total.Services += len(services)
 	return total, nil
 }
 

@@ -249,7 +249,11 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	protoText := nft.ProtoName(proto)
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	share := func(m string, key []byte, text string, v *nft.Verdict) {
-		objs.shared[m] = append(objs.shared[m], element{key: key, text: text, verdict: v, comment: n.comment})
+		e := element{key: key, text: text, verdict: v}
+		if portHash(v.Chain) == "" {
+			e.comment = n.comment
+		}
+		objs.shared[m] = append(objs.shared[m], e)
 	}
 	addrKey := func(addr netip.Addr) ([]byte, string) {
 		return addrProtoPortKey(f, addr, proto, sp.Port), addr.String() + " . " + protoText + " . " + itoa(sp.Port)
@@ -320,10 +324,13 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	// Hairpin: an endpoint reaching its own service must see the reply
 	// come from the node, not from itself. The masquerading chain
 	// matches the pairs of the hairpin set, whatever port put them there.
+	// Only this node's endpoints can hairpin through its rules (a pod
+	// elsewhere reaches its service through its own node), so only they
+	// have pairs, as in kube-proxy.
 	seen := map[netip.Addr]bool{}
 	for _, ep := range pol.Endpoints() {
 		objs.endpoints++
-		if !seen[ep.IP] {
+		if ep.IsLocal && !seen[ep.IP] {
 			seen[ep.IP] = true
 			objs.hairpin = append(objs.hairpin, hairpinElement(f, ep.IP))
 		}
