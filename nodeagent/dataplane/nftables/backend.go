@@ -528,7 +528,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 // sharedMaps are the maps whose elements belong to service ports.
 var sharedMaps = map[string]bool{
 	mapServiceIPs: true, mapServiceNodePorts: true, mapNoEndpointServices: true,
-	mapNoEndpointNodePorts: true, mapFirewallIPs: true,
+	mapNoEndpointNodePorts: true, mapFirewallIPs: true, setClusterIPPorts: true,
 }
 
 // counts are the sizes of a ruleset, as Programmed reads them back.

@@ -38,6 +38,7 @@ const (
 	setNodePortIPs         = "nodeport-ips"
 	setClusterCIDRs        = "cluster-cidrs"
 	setHairpin             = "hairpin-endpoints"
+	setClusterIPPorts      = "cluster-ip-ports"
 )
 
 // Prefixes of the per-service-port object names. Every per-service name

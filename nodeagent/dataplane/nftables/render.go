@@ -137,7 +137,17 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 			r().Jump(chainMasquerading)),
 	}
 
-	services := []*nft.Builder{r().VmapService(mapServiceIPs)}
+	// Cluster-IP traffic the node DNATs is marked for masquerading here,
+	// by one rule for every port (the ports put their cluster IP's key in
+	// cluster-ip-ports), before the dispatch sends it to the port's chain.
+	var services []*nft.Builder
+	switch {
+	case np.MasqueradeAll:
+		services = append(services, r().ServiceInSet(setClusterIPPorts, false).Jump(chainMarkMasq))
+	case len(np.ClusterCIDRs) > 0:
+		services = append(services, r().ServiceInSet(setClusterIPPorts, false).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
+	}
+	services = append(services, r().VmapService(mapServiceIPs))
 	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
 	if nodePort := nodePortMatch(f, np); nodePort != nil {
 		services = append(services, nodePort().VmapProtoPort(mapServiceNodePorts))
@@ -178,6 +188,10 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		// Its elements belong to the service ports, counted in
 		// ruleset.hairpin.
 		{name: setHairpin, keyType: nftables.MustConcatSetType(f.AddrType, f.AddrType), keyText: f.AddrType.Name + " . " + f.AddrType.Name},
+	}
+	if len(services) > 1 {
+		// Its elements belong to the service ports, as the shared maps'.
+		sets = append(sets, &set{name: setClusterIPPorts, keyType: addrProtoPort, keyText: addrText})
 	}
 	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.AddrType, keyText: f.AddrType.Name, interval: true}
@@ -250,7 +264,7 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	share := func(m string, key []byte, text string, v *nft.Verdict) {
 		e := element{key: key, text: text, verdict: v}
-		if portHash(v.Chain) == "" {
+		if v != nil && portHash(v.Chain) == "" {
 			e.comment = n.comment
 		}
 		objs.shared[m] = append(objs.shared[m], e)
@@ -267,6 +281,9 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		switch pol.Internal {
 		case dataplane.TargetCluster, dataplane.TargetLocal:
 			share(mapServiceIPs, key, text, nft.GotoChain(targetChain[pol.Internal]))
+			if pol.InternalMasquerade != dataplane.MasqueradeNone {
+				share(setClusterIPPorts, key, text, nil)
+			}
 		case dataplane.TargetDrop:
 			share(mapNoEndpointServices, key, text, nft.Drop)
 		case dataplane.TargetReject:
@@ -316,10 +333,10 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 
 	// The endpoint-choosing chains, with their maps, and the endpoints.
 	if pol.Cluster != nil {
-		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster, &pol, pol.Internal == dataplane.TargetCluster)
+		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster)
 	}
 	if pol.Local != nil {
-		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local, &pol, pol.Internal == dataplane.TargetLocal)
+		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local)
 	}
 	// Hairpin: an endpoint reaching its own service must see the reply
 	// come from the node, not from itself. The masquerading chain
@@ -382,8 +399,8 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 }
 
 // addPolicyChain adds a chain choosing one of eps at random, and the map
-// it chooses with. When the chain is the cluster IP's target (internal),
-// it first applies the policy's masquerading of cluster-IP traffic.
+// it chooses with. (Cluster-IP traffic is marked for masquerading before
+// it gets here, in the services chain.)
 //
 // Without ClientIP affinity, the chain ends with one rule that never
 // changes: DNAT to the address and port the port's service-endpoints map
@@ -399,18 +416,9 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 // affinity set to that endpoint's chain, then picks an endpoint chain
 // through a numgen verdict map: the endpoint chain records the client.
 func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
-	choice uint32, eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
+	choice uint32, eps []model.Endpoint) {
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	c := &chain{Name: name}
-	if internal && pol.ClusterIP.IsValid() {
-		switch pol.InternalMasquerade {
-		case dataplane.MasqueradeAll:
-			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).Jump(chainMarkMasq).Rule())
-		case dataplane.MasqueradeOutsideClusterCIDRs:
-			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).
-				AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq).Rule())
-		}
-	}
 	if sp.AffinityTimeout == 0 {
 		if objs.endpointMap == nil {
 			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
