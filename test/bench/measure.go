@@ -44,6 +44,9 @@ type Result struct {
 	ConnectFailures           int
 	// PeakRSS is the program's peak resident set size, in bytes.
 	PeakRSS int64
+	// Ruleset is the node's `nft list ruleset` once the first sync has
+	// settled (see MeasureRuleset).
+	Ruleset RulesetSize
 }
 
 // Plan says what Run measures.
@@ -156,6 +159,10 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return fail(err)
 	}
 	res.FirstSyncMetric, res.FirstSyncs = time.Duration(synced.Sum*float64(time.Second)), synced.Count
+	if res.Ruleset, err = MeasureRuleset(ctx, node.NS.NS(), filepath.Join(dir, "ruleset.nft")); err != nil {
+		return fail(err)
+	}
+	plan.Logf("%s %s %d services: ruleset %s", prog.Name, mode, n, res.Ruleset)
 
 	// Endpoint changes, one at a time, each awaited from outside, and
 	// started ChangeEvery apart: a change starts at every phase of the

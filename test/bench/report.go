@@ -232,6 +232,17 @@ func (r *Report) rows(mode string) []row {
 		out = append(out, rw)
 	})
 	each(func(n int, kp, ps Result, atLargest bool) {
+		rw := row{what: fmt.Sprintf("ruleset size (`nft list ruleset`), %d services", n), kp: "-", ps: fmtMB(ps.Ruleset.Bytes), ratio: "-"}
+		if kp.Ruleset.Bytes > 0 {
+			ratio := float64(ps.Ruleset.Bytes) / float64(kp.Ruleset.Bytes)
+			rw.kp, rw.ratio = fmtMB(kp.Ruleset.Bytes), fmt.Sprintf("%.2f", ratio)
+			if nft && atLargest {
+				rw.target, rw.met = "<= 1.0x kube-proxy", metText(ratio <= 1)
+			}
+		}
+		out = append(out, rw)
+	})
+	each(func(n int, kp, ps Result, atLargest bool) {
 		if !atLargest {
 			return
 		}
@@ -329,5 +340,7 @@ func fmtDuration(d time.Duration) string {
 	}
 	return fmt.Sprintf("%d µs", d.Microseconds())
 }
+
+func fmtMB(b int) string { return fmt.Sprintf("%.2f MB", float64(b)/1e6) }
 
 func fmtMiB(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }

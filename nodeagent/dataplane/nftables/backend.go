@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -457,11 +458,12 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 			}
 			total.Rules++
 			if sharedMaps[s.Name] && e.Comment != "" {
-				services[e.Comment] = true
+				services[hashed(e.Comment)[:hashLen]] = true
 			}
-			if isEndpoints && len(e.Key) == 8 {
-				// The key's first half is id<<1|choice.
-				port := string(e.Key[:3]) + string(e.Key[3]&^1)
+			if isEndpoints && len(e.Key) == 4 {
+				// The key's first 16 bits are the choice within the map,
+				// id<<1|local modulo 2*endpointMapPorts (choiceKey).
+				port := s.Name + "/" + strconv.Itoa(int(e.Key[1]>>1))
 				if endpoints[port] == nil {
 					endpoints[port] = map[string]bool{}
 				}
@@ -469,7 +471,6 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 			}
 		}
 	}
-	total.Services += len(services)
 	for _, eps := range endpoints {
 		total.Endpoints += len(eps)
 	}
@@ -482,7 +483,12 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 		if strings.HasPrefix(chain, prefixEndpoint) && n > 0 {
 			total.Endpoints++
 		}
+		// A port's chains always hold rules; a stale one is empty.
+		if h := portHash(chain); h != "" && n > 0 {
+			services[h] = true
+		}
 	}
+	total.Services += len(services)
 	return total, nil
 }
 
@@ -526,7 +532,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 // sharedMaps are the maps whose elements belong to service ports.
 var sharedMaps = map[string]bool{
 	mapServiceIPs: true, mapServiceNodePorts: true, mapNoEndpointServices: true,
-	mapNoEndpointNodePorts: true, mapFirewallIPs: true,
+	mapNoEndpointNodePorts: true, mapFirewallIPs: true, setClusterIPPorts: true,
 }
 
 // counts are the sizes of a ruleset, as Programmed reads them back.

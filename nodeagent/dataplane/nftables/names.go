@@ -38,6 +38,7 @@ const (
 	setNodePortIPs         = "nodeport-ips"
 	setClusterCIDRs        = "cluster-cidrs"
 	setHairpin             = "hairpin-endpoints"
+	setClusterIPPorts      = "cluster-ip-ports"
 )
 
 // Prefixes of the per-service-port object names. Every per-service name
@@ -88,7 +89,11 @@ type servicePortNames struct {
 	// serviceMap and localMap are the numgen verdict maps of the two
 	// endpoint-choosing chains of a port with ClientIP affinity.
 	serviceMap, localMap string
-	// comment tags the port's elements in the shared maps.
+	// comment tags the port's elements in the shared maps whose verdict
+	// names none of the port's chains (drop, reject): the readable part
+	// of its chains' names, after their hash (see portHash). Elements
+	// that go to one of the port's chains carry none: the chain's name
+	// says whose they are.
 	comment string
 	base    string
 }
@@ -107,7 +112,7 @@ func namesFor(n model.ServicePortName) servicePortNames {
 		firewall:   limit(prefixFirewall + base),
 		serviceMap: limit(prefixEndpoints + base),
 		localMap:   limit(prefixLocalEPs + base),
-		comment:    n.String(),
+		comment:    readable,
 		base:       readable,
 	}
 }
@@ -121,10 +126,29 @@ func endpointNames(base string, ep model.Endpoint) (chain, affinity string) {
 	return limit(prefixEndpoint + h), limit(prefixAffinity + h)
 }
 
+// portChainPrefixes are the prefixes of the chains a service port owns
+// as a whole (not those of its endpoints).
+var portChainPrefixes = []string{prefixService, prefixLocal, prefixExternal, prefixFirewall}
+
+// portHash returns the hash in the name of a chain a service port owns
+// as a whole, which tells the port apart from every other, or "" for
+// any other chain. The comment of the port's elements hashes to it too.
+func portHash(chain string) string {
+	for _, p := range portChainPrefixes {
+		if rest, ok := strings.CutPrefix(chain, p); ok && len(rest) > hashLen && rest[hashLen] == '-' && strings.Contains(rest, "/") {
+			return rest[:hashLen]
+		}
+	}
+	return ""
+}
+
+// hashLen is the length of the hash in front of per-service names.
+const hashLen = 8
+
 // hashed prefixes s with 8 base32 characters of its SHA-256.
 func hashed(s string) string {
 	sum := sha256.Sum256([]byte(s))
-	return base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + s
+	return base32.StdEncoding.EncodeToString(sum[:])[:hashLen] + "-" + s
 }
 
 // limit truncates a name the kernel would refuse; the hash in front keeps

@@ -368,11 +368,11 @@ func sameSet(a, b *set) bool {
 		a.interval == b.interval && a.timeout == b.timeout
 }
 
-// sharedMap returns the definition of a shared map; elements of the
-// shared maps are written with it. The definitions do not depend on the
+// sharedMap returns the definition of a shared map (or of the shared
+// set cluster-ip-ports); elements of the shared maps are written with it. The definitions do not depend on the
 // family beyond the key length, which writing elements does not use.
 func sharedMap(name string) *set {
-	return &set{name: name, verdictMap: true}
+	return &set{name: name, verdictMap: name != setClusterIPPorts}
 }
 
 // missing returns the elements of a that b lacks.

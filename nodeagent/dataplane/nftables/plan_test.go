@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,10 +52,11 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	// Only the port's range of the replaced endpoint changes: no rule,
 	// no chain, no verdict. The port's cluster choice is id<<1.
 	id := st.rs.ports[target].id
-	choice, m := itoa(int32(id<<1)), endpointMapName(id)
+	first, m := choiceKey(id<<1), endpointMapName(id)
+	last := strconv.Itoa(int(first+43690)) + "-" + strconv.Itoa(int(first+65535))
 	want := []string{
-		"delete element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 8002 }",
-		"add element " + m + " { " + choice + " . 43690-65535 : 10.128.0.17 . 9000 }",
+		"delete element " + m + " { " + last + " : 10.128.0.17 . 8002 }",
+		"add element " + m + " { " + last + " : 10.128.0.17 . 9000 }",
 	}
 	if got := opStrings(ops); !slices.Equal(got, want) {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -96,9 +99,11 @@ func TestEndpointChangesAddNoRule(t *testing.T) {
 
 func TestHairpinRefCounts(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
-	// Two services share endpoint address 10.244.1.2 (on two ports).
-	a := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80), dt.EP("10.244.1.3", 80))
-	b := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.2", 81))
+	// Two services share endpoint address 10.244.1.2 (on two ports). An
+	// endpoint on another node (10.244.9.9) cannot hairpin through this
+	// node's rules and has no pair.
+	a := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80, dt.Local), dt.EP("10.244.1.3", 80, dt.Local), dt.EP("10.244.9.9", 80))
+	b := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.2", 81, dt.Local))
 	st := stateOf(dt.PortsOf(a, b), np)
 	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.hairpin, want) {
 		t.Fatalf("hairpin counts %v, want %v", st.rs.hairpin, want)
@@ -133,9 +138,9 @@ func TestHairpinRefCounts(t *testing.T) {
 		}
 	}
 	// a drops 10.244.1.2: b still has it, only 10.244.1.3 stays with a.
-	step(dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.3", 80)))
+	step(dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.3", 80, dt.Local)))
 	// b moves to 10.244.1.4: 10.244.1.2 has no holder left.
-	step(dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.4", 81)),
+	step(dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.4", 81, dt.Local)),
 		"delete element hairpin-endpoints { 10.244.1.2 . 10.244.1.2 }",
 		"add element hairpin-endpoints { 10.244.1.4 . 10.244.1.4 }")
 	// A full render agrees with the counts kept incrementally.
@@ -165,12 +170,18 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	for _, o := range ops {
 		s := o.String()
 		if strings.HasPrefix(o.name, prefixEndpointMap) {
-			ids := []string{}
-			for _, name := range []model.ServicePortName{a, b, c} {
-				ids = append(ids, itoa(int32(st.rs.ports[name].id<<1))+" . ")
+			// Each element's key lies in the range of a changed port's
+			// cluster choice, in that port's map.
+			ownedByChanged := func(e element) bool {
+				key := binary.BigEndian.Uint32(e.key)
+				return slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
+					id := st.rs.ports[name].id
+					first := choiceKey(id << 1)
+					return o.name == endpointMapName(id) && key >= first && key < first+numgenRange
+				})
 			}
 			for _, e := range o.elems {
-				if !slices.ContainsFunc(ids, func(p string) bool { return strings.HasPrefix(e.text, p) }) {
+				if !ownedByChanged(e) {
 					t.Errorf("op touches another port's endpoint: %s", s)
 				}
 			}
@@ -186,9 +197,17 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			continue
 		}
 		if sharedMaps[o.name] {
-			// Elements of shared maps must all belong to a changed port.
+			// Elements of shared maps must all belong to a changed port:
+			// they go to its chains, carry its name, or (cluster-ip-ports)
+			// are its cluster IP's key.
 			for _, e := range o.elems {
-				if e.comment != a.String() && e.comment != b.String() && e.comment != c.String() {
+				if !slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
+					n := namesFor(name)
+					if e.verdict == nil {
+						return e.text == ports[name].ClusterIP.String()+" . tcp . 80"
+					}
+					return e.comment == n.comment || portHash(e.verdict.Chain) == portHash(n.service)
+				}) {
 					t.Errorf("op touches another port's element: %s", s)
 				}
 			}
@@ -203,7 +222,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		// a: cluster IP goes from its service chain to reject.
 		"delete element service-ips { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(a).service,
 		"add element no-endpoint-services { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto reject-chain",
-		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + itoa(int32(st.rs.ports[a].id<<1)) + " . 0-32767 : ",
+		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1))) + "-" + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1)+32767)) + " : ",
 		// b: gone entirely.
 		"delete element service-ips { " + ports[b].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(b).service,
 		"flush chain " + namesFor(b).service,

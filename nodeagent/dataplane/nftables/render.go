@@ -137,7 +137,17 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 			r().Jump(chainMasquerading)),
 	}
 
-	services := []*nft.Builder{r().VmapService(mapServiceIPs)}
+	// Cluster-IP traffic the node DNATs is marked for masquerading here,
+	// by one rule for every port (the ports put their cluster IP's key in
+	// cluster-ip-ports), before the dispatch sends it to the port's chain.
+	var services []*nft.Builder
+	switch {
+	case np.MasqueradeAll:
+		services = append(services, r().ServiceInSet(setClusterIPPorts, false).Jump(chainMarkMasq))
+	case len(np.ClusterCIDRs) > 0:
+		services = append(services, r().ServiceInSet(setClusterIPPorts, false).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
+	}
+	services = append(services, r().VmapService(mapServiceIPs))
 	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
 	if nodePort := nodePortMatch(f, np); nodePort != nil {
 		services = append(services, nodePort().VmapProtoPort(mapServiceNodePorts))
@@ -178,6 +188,10 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		// Its elements belong to the service ports, counted in
 		// ruleset.hairpin.
 		{name: setHairpin, keyType: nftables.MustConcatSetType(f.AddrType, f.AddrType), keyText: f.AddrType.Name + " . " + f.AddrType.Name},
+	}
+	if len(services) > 1 {
+		// Its elements belong to the service ports, as the shared maps'.
+		sets = append(sets, &set{name: setClusterIPPorts, keyType: addrProtoPort, keyText: addrText})
 	}
 	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.AddrType, keyText: f.AddrType.Name, interval: true}
@@ -229,14 +243,15 @@ func built(rbs []*nft.Builder) []rule {
 // endpoints.
 const numgenRange = 65536
 
-// numgenKeyType is the key of the service-endpoints maps: an endpoint
-// choice (32 bits) and a random number (32 bits), one 64-bit key to the
-// kernel.
-var numgenKeyType = func() nftables.SetDatatype {
-	t := nftables.TypeInteger
-	t.Bytes = 8
-	return t
-}()
+// choiceKey is the first key of an endpoint choice in its
+// service-endpoints map: the rule adds it to the random number as its
+// numgen offset, so that a choice's keys are [choiceKey, choiceKey +
+// numgenRange). A map holds the choices of endpointMapPorts ports, two
+// each (cluster and local), numbered within the map: the keys stay below
+// 2*endpointMapPorts*numgenRange (2 097 152), short to list and to store.
+func choiceKey(choice uint32) uint32 {
+	return choice % (2 * endpointMapPorts) * numgenRange
+}
 
 // renderPort describes the objects of one service port, as np's policy
 // for it decides; id numbers the port (portObjects.id).
@@ -248,7 +263,11 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	protoText := nft.ProtoName(proto)
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	share := func(m string, key []byte, text string, v *nft.Verdict) {
-		objs.shared[m] = append(objs.shared[m], element{key: key, text: text, verdict: v, comment: n.comment})
+		e := element{key: key, text: text, verdict: v}
+		if v != nil && portHash(v.Chain) == "" {
+			e.comment = n.comment
+		}
+		objs.shared[m] = append(objs.shared[m], e)
 	}
 	addrKey := func(addr netip.Addr) ([]byte, string) {
 		return addrProtoPortKey(f, addr, proto, sp.Port), addr.String() + " . " + protoText + " . " + itoa(sp.Port)
@@ -262,6 +281,9 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		switch pol.Internal {
 		case dataplane.TargetCluster, dataplane.TargetLocal:
 			share(mapServiceIPs, key, text, nft.GotoChain(targetChain[pol.Internal]))
+			if pol.InternalMasquerade != dataplane.MasqueradeNone {
+				share(setClusterIPPorts, key, text, nil)
+			}
 		case dataplane.TargetDrop:
 			share(mapNoEndpointServices, key, text, nft.Drop)
 		case dataplane.TargetReject:
@@ -311,18 +333,21 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 
 	// The endpoint-choosing chains, with their maps, and the endpoints.
 	if pol.Cluster != nil {
-		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster, &pol, pol.Internal == dataplane.TargetCluster)
+		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster)
 	}
 	if pol.Local != nil {
-		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local, &pol, pol.Internal == dataplane.TargetLocal)
+		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local)
 	}
 	// Hairpin: an endpoint reaching its own service must see the reply
 	// come from the node, not from itself. The masquerading chain
 	// matches the pairs of the hairpin set, whatever port put them there.
+	// Only this node's endpoints can hairpin through its rules (a pod
+	// elsewhere reaches its service through its own node), so only they
+	// have pairs, as in kube-proxy.
 	seen := map[netip.Addr]bool{}
 	for _, ep := range pol.Endpoints() {
 		objs.endpoints++
-		if !seen[ep.IP] {
+		if ep.IsLocal && !seen[ep.IP] {
 			seen[ep.IP] = true
 			objs.hairpin = append(objs.hairpin, hairpinElement(f, ep.IP))
 		}
@@ -374,13 +399,13 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 }
 
 // addPolicyChain adds a chain choosing one of eps at random, and the map
-// it chooses with. When the chain is the cluster IP's target (internal),
-// it first applies the policy's masquerading of cluster-IP traffic.
+// it chooses with. (Cluster-IP traffic is marked for masquerading before
+// it gets here, in the services chain.)
 //
 // Without ClientIP affinity, the chain ends with one rule that never
 // changes: DNAT to the address and port the port's service-endpoints map
-// holds for "choice . n", n a random number in [0, numgenRange) and
-// choice this chain's number (the port's id, and which of its two
+// holds for choiceKey(choice) + n, n a random number in [0, numgenRange)
+// and choice this chain's number (the port's id, and which of its two
 // chains), the map splitting the range among the endpoints. An endpoint
 // change rewrites the port's elements of the map only, which (unlike a
 // new rule or a verdict-map element that jumps) does not make the kernel
@@ -391,25 +416,16 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 // affinity set to that endpoint's chain, then picks an endpoint chain
 // through a numgen verdict map: the endpoint chain records the client.
 func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
-	choice uint32, eps []model.Endpoint, pol *dataplane.PortPolicy, internal bool) {
+	choice uint32, eps []model.Endpoint) {
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	c := &chain{Name: name}
-	if internal && pol.ClusterIP.IsValid() {
-		switch pol.InternalMasquerade {
-		case dataplane.MasqueradeAll:
-			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).Jump(chainMarkMasq).Rule())
-		case dataplane.MasqueradeOutsideClusterCIDRs:
-			c.Rules = append(c.Rules, r().AddrIs("daddr", false, pol.ClusterIP).
-				AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq).Rule())
-		}
-	}
 	if sp.AffinityTimeout == 0 {
 		if objs.endpointMap == nil {
-			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: numgenKeyType, keyText: "integer . integer", flatKey: true, interval: true,
+			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
 				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
 		objs.endpointElems = append(objs.endpointElems, numgenRanges(f, choice, eps)...)
-		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, choice, numgenRange, objs.endpointMap.name).Rule())
+		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, numgenRange, choiceKey(choice), objs.endpointMap.name).Rule())
 		objs.chains = append(objs.chains, c)
 		return
 	}
@@ -426,25 +442,23 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 
 // numgenRanges splits [0, numgenRange) into one nearly equal interval
 // per endpoint (their sizes differ by at most one), each mapped to the
-// endpoint's address . port, as elements "choice . lo-hi" of the
-// service-endpoints map. Endpoints beyond numgenRange get none.
+// endpoint's address . port, as elements "lo-hi" of the service-endpoints
+// map, offset by the choice's first key (choiceKey). Endpoints beyond
+// numgenRange get none.
 func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 	n := min(len(eps), numgenRange)
 	elems := make([]element, 0, n)
-	key := func(v uint32) []byte {
-		return append(binaryutil.BigEndian.PutUint32(choice), binaryutil.BigEndian.PutUint32(v)...)
-	}
-	prefix := strconv.FormatUint(uint64(choice), 10) + " . "
+	first := choiceKey(choice)
 	for i, ep := range eps[:n] {
-		lo, end := uint32(i*numgenRange/n), uint32((i+1)*numgenRange/n)
-		text := prefix + itoa(int32(lo)) + "-" + itoa(int32(end-1))
+		lo, end := first+uint32(i*numgenRange/n), first+uint32((i+1)*numgenRange/n)
+		text := strconv.FormatUint(uint64(lo), 10) + "-" + strconv.FormatUint(uint64(end-1), 10)
 		if end-1 == lo {
-			text = prefix + itoa(int32(lo))
+			text = strconv.FormatUint(uint64(lo), 10)
 		}
 		port := uint16(ep.Port)
 		elems = append(elems, element{
-			key:      key(lo),
-			keyEnd:   key(end - 1),
+			key:      binaryutil.BigEndian.PutUint32(lo),
+			keyEnd:   binaryutil.BigEndian.PutUint32(end - 1),
 			text:     text,
 			data:     append(f.Bytes(ep.IP), byte(port>>8), byte(port), 0, 0),
 			dataText: ep.IP.String() + " . " + itoa(ep.Port),

@@ -73,10 +73,10 @@ type portObjects struct {
 	sets []*set
 	// shared holds the port's elements in the shared maps, by map name.
 	shared map[string][]element
-	// id numbers the port within its ruleset: its endpoint choices' keys
-	// in the service-endpoints map start with id<<1 (cluster) and
-	// id<<1|1 (local). It stays the same while the port exists, so that
-	// the rules naming it do not change.
+	// id numbers the port within its ruleset: its endpoint choices are
+	// id<<1 (cluster) and id<<1|1 (local), whose keys in the port's
+	// service-endpoints map start at choiceKey of them. It stays the same
+	// while the port exists, so that the rules naming it do not change.
 	id uint32
 	// endpointMap is the definition of the service-endpoints map the
 	// port's chains DNAT with (shared with other ports: see
@@ -107,12 +107,6 @@ type set struct {
 	dataText string
 	// interval sets hold prefixes, or ranges of integers.
 	interval bool
-	// flatKey says a key written as a concatenation (keyText has " . ")
-	// is declared to the kernel as one plain key of its whole length, not
-	// as a concatenation: an interval set of such keys then uses the
-	// kernel's rbtree (ranges of one big-endian number) rather than its
-	// pipapo backend, whose size grows with the ranges' bit patterns.
-	flatKey bool
 	// hostOrderKey keys (numgen results) are in host byte order.
 	hostOrderKey bool
 	// timeout > 0 makes a set the packet path fills itself (affinity): its
@@ -162,7 +156,7 @@ func kernelDataMap(k *nftables.Set) bool {
 	return k.IsMap && k.DataType.Name != "" && k.DataType.Name != nftables.TypeVerdict.Name
 }
 
-func (s *set) concat() bool { return !s.flatKey && strings.Contains(s.keyText, " . ") }
+func (s *set) concat() bool { return strings.Contains(s.keyText, " . ") }
 
 // element is one element of a set or map.
 type element struct {

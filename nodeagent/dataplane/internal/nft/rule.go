@@ -214,18 +214,21 @@ func (r *Builder) NumgenVmap(n int, m string) *Builder {
 }
 
 // DNATNumgenMap DNATs protocol proto's packets to the address and port
-// that data map m holds for the key "choice . n", n a random number in
-// [0, modulus). The map's keys are intervals, which the kernel compares
-// as big-endian bytes, so n (host byte order) is converted first, as nft
-// itself does for "typeof numgen ..."; choice is written big-endian to
-// begin with.
-func (r *Builder) DNATNumgenMap(proto corev1.Protocol, choice, modulus uint32, m string) *Builder {
-	return r.Add(fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", ProtoName(ProtoNumber(proto)), r.f.Name, choice, modulus, m),
+// that data map m holds for the key offset+n, n a random number in
+// [0, modulus) (nft's "numgen random mod modulus offset offset"). The
+// map's keys are intervals, which the kernel compares as big-endian
+// bytes, so the number (host byte order) is converted first, as nft
+// itself does for "typeof numgen ...".
+func (r *Builder) DNATNumgenMap(proto corev1.Protocol, modulus, offset uint32, m string) *Builder {
+	numgen := fmt.Sprintf("numgen random mod %d", modulus)
+	if offset != 0 {
+		numgen += fmt.Sprintf(" offset %d", offset)
+	}
+	return r.Add(fmt.Sprintf("meta l4proto %s dnat %s to %s map @%s", ProtoName(ProtoNumber(proto)), r.f.Name, numgen, m),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoNumber(proto)}},
-		&expr.Immediate{Register: reg1, Data: binaryutil.BigEndian.PutUint32(choice)},
-		&expr.Numgen{Register: unix.NFT_REG32_01, Modulus: modulus, Type: unix.NFT_NG_RANDOM},
-		&expr.Byteorder{SourceRegister: unix.NFT_REG32_01, DestRegister: unix.NFT_REG32_01, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Numgen{Register: reg1, Modulus: modulus, Type: unix.NFT_NG_RANDOM, Offset: offset},
+		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: reg1, SetName: m, IsDestRegSet: true, DestRegister: reg1},
 		// The map's value is address . port: the port sits in the
 		// register after the address, as in a concatenated key.

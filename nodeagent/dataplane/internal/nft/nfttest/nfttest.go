@@ -15,11 +15,9 @@
 //     size of sets the packet path fills ("size 65535"), writes "== 0" of
 //     a masked mark as "== 0x00000000", and leaves out a match it treats
 //     as implied ("meta l4proto tcp" before "reject with tcp reset");
-//   - keys and values written without nft's type information (numgen
-//     results, the service-endpoints maps' flat 64-bit keys) are listed
-//     as "type 0" with plain numbers, and an immediate of no known type
-//     as "0x6 [invalid type]": the dumps' "integer" and "integer .
-//     integer" (two 32-bit halves) are compared as the numbers they are.
+//   - keys written without nft's type information (numgen results, as
+//     in the service-endpoints maps) are listed as "type 0": the dumps
+//     write "integer".
 //
 // Everything else must be the same, word for word.
 package nfttest
@@ -122,7 +120,7 @@ func Canonical(text string) string {
 			all = strings.TrimSuffix(strings.TrimSpace(all), "}")
 			var elems []string
 			for _, e := range splitElements(all) {
-				elems = append(elems, "element "+element(e, cur))
+				elems = append(elems, "element "+element(e))
 			}
 			slices.Sort(elems)
 			cur.body = append(cur.body, elems...)
@@ -169,42 +167,14 @@ func splitElements(s string) []string {
 
 var comment = regexp.MustCompile(` comment "[^"]*"`)
 
-// element is one element, its comment last, its untyped key as numbers.
-func element(e string, set *block) string {
+// element is one element, its comment last.
+func element(e string) string {
 	c := comment.FindString(e)
-	e = strings.TrimSpace(strings.Replace(e, c, "", 1)) + c
-	if set != nil && slices.ContainsFunc(set.body, func(l string) bool { return strings.HasPrefix(l, "type integer . integer ") }) {
-		key, rest, _ := strings.Cut(e, " : ")
-		e = flatKey(key) + " : " + rest
-	}
-	return e
-}
-
-// flatKey writes the dump's key "a . b" or "a . b-c" (two 32-bit halves)
-// as nft lists a 64-bit key: a<<32|b, or a range of those.
-func flatKey(k string) string {
-	hi, lo, ok := strings.Cut(k, " . ")
-	if !ok {
-		return k
-	}
-	h, err := strconv.ParseUint(hi, 10, 32)
-	if err != nil {
-		return k
-	}
-	parts := strings.Split(lo, "-")
-	for i, p := range parts {
-		v, err := strconv.ParseUint(p, 10, 32)
-		if err != nil {
-			return k
-		}
-		parts[i] = strconv.FormatUint(h<<32|v, 10)
-	}
-	return strings.Join(parts, "-")
+	return strings.TrimSpace(strings.Replace(e, c, "", 1)) + c
 }
 
 var (
 	priority  = regexp.MustCompile(`priority (raw|mangle|dstnat|filter|security|srcnat)( ([+-]) (\d+))?;`)
-	invalid   = regexp.MustCompile(`0x([0-9a-f]+) \[invalid type\]`)
 	durations = regexp.MustCompile(`^timeout ((\d+[dhms])+)$`)
 )
 
@@ -226,11 +196,8 @@ func statement(l string) string {
 		}
 		return fmt.Sprintf("timeout %ds", secs)
 	}
-	if l == "type 0 : verdict" {
-		return "type integer : verdict"
-	}
 	if strings.HasPrefix(l, "type 0 : ") {
-		return "type integer . integer : " + strings.TrimPrefix(l, "type 0 : ")
+		return "type integer : " + strings.TrimPrefix(l, "type 0 : ")
 	}
 	l = priority.ReplaceAllStringFunc(l, func(s string) string {
 		m := priority.FindStringSubmatch(s)
@@ -243,10 +210,6 @@ func statement(l string) string {
 			p += n
 		}
 		return fmt.Sprintf("priority %d;", p)
-	})
-	l = invalid.ReplaceAllStringFunc(l, func(s string) string {
-		n, _ := strconv.ParseUint(invalid.FindStringSubmatch(s)[1], 16, 64)
-		return strconv.FormatUint(n, 10)
 	})
 	l = strings.ReplaceAll(l, "== 0x00000000", "== 0")
 	if l == "reject with tcp reset" {
