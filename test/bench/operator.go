@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -81,6 +83,10 @@ type OperatorResult struct {
 	// Elapsed is the whole run, from starting the API server.
 	Elapsed time.Duration
 }
+
+// HeapProfileName is the operator's heap profile at the end of the
+// rollout, in the run's directory.
+const HeapProfileName = "operator-heap.pprof"
 
 // simWriters is how many goroutines write the simulated agents' status.
 const simWriters = 32
@@ -168,6 +174,9 @@ func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
 	time.Sleep(2 * time.Second) // the last events and status writes land
 	res.AgentWrites = agents.writes.Load()
 
+	if err := op.saveHeapProfile(ctx, filepath.Join(p.Dir, HeapProfileName)); err != nil {
+		return res, err
+	}
 	if res.Reconciles, err = op.metrics(ctx); err != nil {
 		return res, err
 	}
@@ -226,13 +235,14 @@ func createNodes(ctx context.Context, c client.Client, n int) error {
 
 // operatorProcess is the running operator binary.
 type operatorProcess struct {
-	cmd     *exec.Cmd
-	args    []string
-	metrics func(context.Context) (map[string]*Reconciles, error)
-	log     string
-	exited  chan struct{}
-	err     error
-	once    sync.Once
+	cmd        *exec.Cmd
+	args       []string
+	metricsURL string
+	heapURL    string
+	log        string
+	exited     chan struct{}
+	err        error
+	once       sync.Once
 }
 
 // startOperator starts the binary with its shipped defaults except what
@@ -252,8 +262,13 @@ func startOperator(env *testenv.Env, p OperatorPlan) (*operatorProcess, error) {
 	if err != nil {
 		return nil, err
 	}
+	pprofAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
 	args := []string{"--kubeconfig", kubeconfig, "--leader-election-namespace", "default",
-		"--metrics-bind-address", metricsAddr, "--metrics-secure=false", "--health-probe-bind-address", probeAddr}
+		"--metrics-bind-address", metricsAddr, "--metrics-secure=false", "--health-probe-bind-address", probeAddr,
+		"--pprof-bind-address", pprofAddr}
 	op := &operatorProcess{args: args, log: filepath.Join(p.Dir, "operator.log"), exited: make(chan struct{})}
 	logFile, err := os.Create(op.log)
 	if err != nil {
@@ -271,22 +286,43 @@ func startOperator(env *testenv.Env, p OperatorPlan) (*operatorProcess, error) {
 		logFile.Close()
 		close(op.exited)
 	}()
-	op.metrics = func(ctx context.Context) (map[string]*Reconciles, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, fmt.Errorf("operator metrics: %w", err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("operator metrics: %s", resp.Status)
-		}
-		return reconcileMetrics(resp.Body)
-	}
+	op.metricsURL, op.heapURL = "http://"+metricsAddr+"/metrics", "http://"+pprofAddr+"/debug/pprof/heap"
 	return op, nil
+}
+
+// metrics reads the reconcile figures from the operator's metrics.
+func (op *operatorProcess) metrics(ctx context.Context) (map[string]*Reconciles, error) {
+	body, err := httpGet(ctx, op.metricsURL)
+	if err != nil {
+		return nil, fmt.Errorf("operator metrics: %w", err)
+	}
+	return reconcileMetrics(bytes.NewReader(body))
+}
+
+// saveHeapProfile writes the operator's heap profile (go tool pprof reads
+// it) to path.
+func (op *operatorProcess) saveHeapProfile(ctx context.Context, path string) error {
+	body, err := httpGet(ctx, op.heapURL)
+	if err != nil {
+		return fmt.Errorf("operator heap profile: %w", err)
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }
 
 // stop ends the operator with SIGTERM (SIGKILL after 30 s), once.
