@@ -110,11 +110,15 @@ func (r *HandoverReconciler) retry(err error, what string) (ctrl.Result, error) 
 	return ctrl.Result{}, fmt.Errorf("%s: %w", what, err)
 }
 
-// read gathers the planner's input from the cache.
+// read gathers the planner's input from the cache. The lists are not
+// deep-copied (a pass would otherwise copy every ProxyNode, thousands of
+// them, just to read them): their objects share their maps and slices
+// with the cache's, so read them and never change them (handover.Plan
+// changes copies).
 func (r *HandoverReconciler) read(ctx context.Context) (handover.Input, error) {
 	in := handover.Input{Labelled: map[string]bool{}, Nodes: map[string]bool{}, ProxyNodes: map[string]*v1alpha1.ProxyNode{}}
 	var pns v1alpha1.ProxyNodeList
-	if err := r.Client.List(ctx, &pns); err != nil {
+	if err := r.Client.List(ctx, &pns, client.UnsafeDisableDeepCopy); err != nil {
 		return in, err
 	}
 	for i := range pns.Items {
@@ -134,7 +138,7 @@ func (r *HandoverReconciler) read(ctx context.Context) (handover.Input, error) {
 	in.DaemonSet = ds
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.Client.List(ctx, &nodes); err != nil {
+	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return in, err
 	}
 	for _, n := range nodes.Items {
@@ -142,7 +146,7 @@ func (r *HandoverReconciler) read(ctx context.Context) (handover.Input, error) {
 		in.Labelled[n.Name] = n.Labels[handover.LabelKey] == handover.LabelValue
 	}
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(r.DaemonSet.Namespace)); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.DaemonSet.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return in, err
 	}
 	for _, p := range pods.Items {

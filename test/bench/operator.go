@@ -88,8 +88,11 @@ type OperatorResult struct {
 // rollout, in the run's directory.
 const HeapProfileName = "operator-heap.pprof"
 
-// simWriters is how many goroutines write the simulated agents' status.
-const simWriters = 32
+// simWriters is how many goroutines write the simulated agents' status:
+// few enough that the agents alone do not saturate an API server sharing
+// 2 cores (at 32, the operator's leader election Lease renewals timed out
+// at load 20 and it stopped, as it must when it loses its Lease).
+const simWriters = 8
 
 // RunOperator runs the operator benchmark once and tears everything down.
 func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
