@@ -20,7 +20,7 @@ var (
 	operatorBin     = flag.String("operator", "bin/proxyshift-operator", "proxyshift-operator binary.")
 	operatorOnly    = flag.Bool("operator-only", false, "Run only the operator benchmark (no kube-proxy comparison).")
 	operatorMaxUnav = flag.String("operator-max-unavailable", "10%", "The benchmark ProxyConfig's spec.rollout.maxUnavailable. The default, 1 node, would move 10k nodes one at a time: hours.")
-	operatorTimeout = flag.Duration("operator-timeout", 10*time.Minute, "Bound on the operator benchmark's rollout.")
+	operatorTimeout = flag.Duration("operator-timeout", 10*time.Minute, "Bound on each of the operator benchmark's install (every ProxyNode created and reported) and rollout.")
 )
 
 // runOperator measures the operator and, with write set, puts its section

@@ -49,7 +49,8 @@ type OperatorPlan struct {
 	// SwitchTime and SwitchJitter are how long a simulated agent takes to
 	// switch: SwitchTime plus up to SwitchJitter.
 	SwitchTime, SwitchJitter time.Duration
-	// Timeout bounds the rollout (from the ProxyConfig's creation to
+	// Timeout bounds each of the install (every ProxyNode created and
+	// reported) and the rollout (from the ProxyConfig's creation to
 	// Completed).
 	Timeout time.Duration
 	// Logf prints progress.
@@ -135,7 +136,7 @@ func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
 	res.Args = op.args
 
 	start = time.Now()
-	if err := waitUntil(ctx, op, 10*time.Minute, func() (bool, error) {
+	if err := waitUntil(ctx, op, p.Timeout, func() (bool, error) {
 		return agents.ready.Load() >= int64(p.Nodes), nil
 	}); err != nil {
 		return nil, fmt.Errorf("waiting for every ProxyNode and its agent's first report (%d of %d): %w", agents.ready.Load(), p.Nodes, err)
