@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,6 +77,9 @@ type OperatorResult struct {
 	// PeakRSS is the operator's VmHWM in bytes, read just before it was
 	// stopped.
 	PeakRSS int64
+	// PeakHeap is the most Go heap in use (HeapInuse) seen by sampling it
+	// every 2 seconds.
+	PeakHeap uint64
 	// Reconciles are controller-runtime's figures by controller name.
 	Reconciles map[string]*Reconciles
 	// LoadStart is the load average when the run started (the report
@@ -85,8 +89,8 @@ type OperatorResult struct {
 	Elapsed time.Duration
 }
 
-// HeapProfileName is the operator's heap profile at the end of the
-// rollout, in the run's directory.
+// HeapProfileName is the operator's heap profile at the Go heap's peak,
+// in the run's directory.
 const HeapProfileName = "operator-heap.pprof"
 
 // simWriters is how many goroutines write the simulated agents' status:
@@ -134,6 +138,9 @@ func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
 	}
 	defer op.stop()
 	res.Args = op.args
+	hctx, stopHeap := context.WithCancel(ctx)
+	defer stopHeap()
+	peakHeap := op.watchHeap(hctx, 2*time.Second, filepath.Join(p.Dir, HeapProfileName))
 
 	start = time.Now()
 	if err := waitUntil(ctx, op, p.Timeout, func() (bool, error) {
@@ -178,9 +185,8 @@ func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
 	time.Sleep(2 * time.Second) // the last events and status writes land
 	res.AgentWrites = agents.writes.Load()
 
-	if err := op.saveHeapProfile(ctx, filepath.Join(p.Dir, HeapProfileName)); err != nil {
-		return res, err
-	}
+	stopHeap()
+	res.PeakHeap = <-peakHeap
 	if res.Reconciles, err = op.metrics(ctx); err != nil {
 		return res, err
 	}
@@ -311,6 +317,44 @@ func (op *operatorProcess) saveHeapProfile(ctx context.Context, path string) err
 		return fmt.Errorf("operator heap profile: %w", err)
 	}
 	return os.WriteFile(path, body, 0o644)
+}
+
+// watchHeap samples the operator's Go heap in use every interval until
+// ctx ends, and saves a heap profile to path each time it reaches a new
+// peak: the profile of the heap at its largest, where the peak RSS comes
+// from. It returns the peak, in bytes, when ctx ends.
+func (op *operatorProcess) watchHeap(ctx context.Context, interval time.Duration, path string) <-chan uint64 {
+	out := make(chan uint64, 1)
+	go func() {
+		var peak uint64
+		defer func() { out <- peak }()
+		for {
+			if inuse, err := op.heapInuse(ctx); err == nil && inuse > peak {
+				peak = inuse
+				_ = op.saveHeapProfile(ctx, path)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	return out
+}
+
+// heapInuse reads HeapInuse from the heap profile's text form.
+func (op *operatorProcess) heapInuse(ctx context.Context) (uint64, error) {
+	body, err := httpGet(ctx, op.heapURL+"?debug=1")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapInuse = "); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no HeapInuse in the heap profile")
 }
 
 func httpGet(ctx context.Context, url string) ([]byte, error) {

@@ -43,6 +43,7 @@ func (r *OperatorResult) Markdown() string {
 	fmt.Fprintf(&b, "| operator API writes to one node's objects (Node, ProxyNode), max (%s) | %d | <= %d: %s |\n", maxNode, most, maxWritesPerNode, metText(most <= maxWritesPerNode))
 	fmt.Fprintf(&b, "| operator API writes refused (conflicts) | %d | |\n", r.Writes.Failed)
 	fmt.Fprintf(&b, "| operator peak RSS (VmHWM) | %s (%.0f MB) | <= 150 MB: %s |\n", fmtMiB(r.PeakRSS), float64(r.PeakRSS)/1e6, metText(r.PeakRSS <= maxOperatorRSS))
+	fmt.Fprintf(&b, "| operator peak Go heap in use (sampled every 2 s; its profile: `-keep`, %s) | %s | |\n", HeapProfileName, fmtMiB(int64(r.PeakHeap)))
 	for _, c := range operatorControllers {
 		rc := r.Reconciles[c.name]
 		if rc == nil {
