@@ -36,6 +36,10 @@ const ControllerName = "proxyshift-operator"
 // moves the node counts is written.
 const DefaultStatusCoalesce = time.Second
 
+// warmPage is the page size of the live list of ProxyNodes a config's
+// first pass reads.
+const warmPage = 500
+
 // expectationTTL bounds how long the reconciler waits for its own write to
 // show up in the cache before it plans anyway (the write then fails on its
 // resourceVersion if the cache really is stale).
@@ -197,16 +201,26 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 	if !cs.warm && r.APIReader != nil {
 		// First look since start: expect the cache to reach what the API
 		// server holds now, so a previous leader's last writes are seen.
-		var live v1alpha1.ProxyNodeList
-		if err := r.APIReader.List(ctx, &live); err != nil {
-			return ctrl.Result{}, err
-		}
-		for i := range live.Items {
-			l := &live.Items[i]
-			if c := pns[l.Name]; c == nil {
-				cs.expect[l.Name] = expectation{created: true, since: now}
-			} else if c.ResourceVersion != l.ResourceVersion {
-				cs.expect[l.Name] = expectation{oldRV: c.ResourceVersion, since: now}
+		// Names and resourceVersions are all it needs: a metadata-only
+		// list, in pages, so that 10k ProxyNodes never sit in memory
+		// twice over as one response (that list was the operator's
+		// peak memory at 10k nodes).
+		live := &metav1.PartialObjectMetadataList{}
+		live.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("ProxyNodeList"))
+		for next := ""; ; {
+			if err := r.APIReader.List(ctx, live, client.Limit(warmPage), client.Continue(next)); err != nil {
+				return ctrl.Result{}, err
+			}
+			for i := range live.Items {
+				l := &live.Items[i]
+				if c := pns[l.Name]; c == nil {
+					cs.expect[l.Name] = expectation{created: true, since: now}
+				} else if c.ResourceVersion != l.ResourceVersion {
+					cs.expect[l.Name] = expectation{oldRV: c.ResourceVersion, since: now}
+				}
+			}
+			if next = live.Continue; next == "" {
+				break
 			}
 		}
 		cs.warm = true
