@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -39,6 +40,10 @@ const HandoverControllerName = "proxyshift-handover"
 type HandoverReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// Cache, when set, is the manager's cache: ProxyNodes and Nodes are
+	// then read straight from its informers' stores (see cached). Nil
+	// reads through Client.
+	Cache cache.Cache
 	// DaemonSet is kube-proxy's DaemonSet; the zero value means the
 	// cluster has no kube-proxy.
 	DaemonSet types.NamespacedName
@@ -110,15 +115,23 @@ func (r *HandoverReconciler) retry(err error, what string) (ctrl.Result, error) 
 	return ctrl.Result{}, fmt.Errorf("%s: %w", what, err)
 }
 
-// read gathers the planner's input from the cache.
+// read gathers the planner's input from the cache. Nothing is copied (a
+// pass would otherwise copy every ProxyNode and Node, thousands of them,
+// just to read them): the objects are the cache's own, to read and never
+// change (handover.Plan changes copies).
 func (r *HandoverReconciler) read(ctx context.Context) (handover.Input, error) {
-	in := handover.Input{Labelled: map[string]bool{}, Nodes: map[string]bool{}, ProxyNodes: map[string]*v1alpha1.ProxyNode{}}
-	var pns v1alpha1.ProxyNodeList
-	if err := r.Client.List(ctx, &pns); err != nil {
-		return in, err
-	}
-	for i := range pns.Items {
-		in.ProxyNodes[pns.Items[i].Name] = &pns.Items[i]
+	in := handover.Input{Labelled: map[string]bool{}, Nodes: map[string]bool{}}
+	if pns, ok := cachedProxyNodes(ctx, r.Cache); ok {
+		in.ProxyNodes = pns
+	} else {
+		var pns v1alpha1.ProxyNodeList
+		if err := r.Client.List(ctx, &pns, client.UnsafeDisableDeepCopy); err != nil {
+			return in, err
+		}
+		in.ProxyNodes = make(map[string]*v1alpha1.ProxyNode, len(pns.Items))
+		for i := range pns.Items {
+			in.ProxyNodes[pns.Items[i].Name] = &pns.Items[i]
+		}
 	}
 	if r.DaemonSet.Name == "" {
 		return in, nil
@@ -132,17 +145,28 @@ func (r *HandoverReconciler) read(ctx context.Context) (handover.Input, error) {
 		return in, err
 	}
 	in.DaemonSet = ds
-	var nodes metav1.PartialObjectMetadataList
-	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.Client.List(ctx, &nodes); err != nil {
-		return in, err
-	}
-	for _, n := range nodes.Items {
+	addNode := func(n *metav1.PartialObjectMetadata) {
 		in.Nodes[n.Name] = n.DeletionTimestamp == nil
 		in.Labelled[n.Name] = n.Labels[handover.LabelKey] == handover.LabelValue
 	}
+	if objs, ok := cached(ctx, r.Cache, nodeMetadata()); ok {
+		for _, o := range objs {
+			if n, ok := o.(*metav1.PartialObjectMetadata); ok {
+				addNode(n)
+			}
+		}
+	} else {
+		var nodes metav1.PartialObjectMetadataList
+		nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+		if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+			return in, err
+		}
+		for i := range nodes.Items {
+			addNode(&nodes.Items[i])
+		}
+	}
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(r.DaemonSet.Namespace)); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.DaemonSet.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return in, err
 	}
 	for _, p := range pods.Items {

@@ -36,6 +36,10 @@ const ControllerName = "proxyshift-operator"
 // moves the node counts is written.
 const DefaultStatusCoalesce = time.Second
 
+// warmPage is the page size of the live list of ProxyNodes a config's
+// first pass reads.
+const warmPage = 500
+
 // expectationTTL bounds how long the reconciler waits for its own write to
 // show up in the cache before it plans anyway (the write then fails on its
 // resourceVersion if the cache really is stale).
@@ -197,16 +201,26 @@ func (r *ProxyConfigReconciler) reconcile(ctx context.Context, req ctrl.Request)
 	if !cs.warm && r.APIReader != nil {
 		// First look since start: expect the cache to reach what the API
 		// server holds now, so a previous leader's last writes are seen.
-		var live v1alpha1.ProxyNodeList
-		if err := r.APIReader.List(ctx, &live); err != nil {
-			return ctrl.Result{}, err
-		}
-		for i := range live.Items {
-			l := &live.Items[i]
-			if c := pns[l.Name]; c == nil {
-				cs.expect[l.Name] = expectation{created: true, since: now}
-			} else if c.ResourceVersion != l.ResourceVersion {
-				cs.expect[l.Name] = expectation{oldRV: c.ResourceVersion, since: now}
+		// Names and resourceVersions are all it needs: a metadata-only
+		// list, in pages, so that 10k ProxyNodes never sit in memory
+		// twice over as one response (that list was the operator's
+		// peak memory at 10k nodes).
+		live := &metav1.PartialObjectMetadataList{}
+		live.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("ProxyNodeList"))
+		for next := ""; ; {
+			if err := r.APIReader.List(ctx, live, client.Limit(warmPage), client.Continue(next)); err != nil {
+				return ctrl.Result{}, err
+			}
+			for i := range live.Items {
+				l := &live.Items[i]
+				if c := pns[l.Name]; c == nil {
+					cs.expect[l.Name] = expectation{created: true, since: now}
+				} else if c.ResourceVersion != l.ResourceVersion {
+					cs.expect[l.Name] = expectation{oldRV: c.ResourceVersion, since: now}
+				}
+			}
+			if next = live.Continue; next == "" {
+				break
 			}
 		}
 		cs.warm = true
@@ -536,33 +550,60 @@ type storeGetter interface {
 	GetStore() toolscache.Store
 }
 
+// cached returns the objects the cache's informer for obj's kind holds,
+// without copying them: the cache's own objects, to read and never change.
+// ok is false without a cache or when its informer has no store; the
+// caller then lists through its client.
+func cached(ctx context.Context, c cache.Cache, obj client.Object) (objs []any, ok bool) {
+	if c == nil {
+		return nil, false
+	}
+	inf, err := c.GetInformer(ctx, obj)
+	if err != nil {
+		return nil, false
+	}
+	sg, ok := inf.(storeGetter)
+	if !ok {
+		return nil, false
+	}
+	return sg.GetStore().List(), true
+}
+
+// nodeMetadata is the kind of the Node informer: metadata only.
+func nodeMetadata() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	return m
+}
+
+// cachedProxyNodes is cached for ProxyNodes, by name.
+func cachedProxyNodes(ctx context.Context, c cache.Cache) (map[string]*v1alpha1.ProxyNode, bool) {
+	objs, ok := cached(ctx, c, &v1alpha1.ProxyNode{})
+	if !ok {
+		return nil, false
+	}
+	pns := make(map[string]*v1alpha1.ProxyNode, len(objs))
+	for _, o := range objs {
+		if pn, ok := o.(*v1alpha1.ProxyNode); ok {
+			pns[pn.Name] = pn
+		}
+	}
+	return pns, true
+}
+
 // readNodes returns every Node (as plan.Nodes) and every ProxyNode by name.
 // The ProxyNodes are the cache's own objects: read them, never change them.
 func (r *ProxyConfigReconciler) readNodes(ctx context.Context) ([]plan.Node, map[string]*v1alpha1.ProxyNode, error) {
-	nodeMeta := &metav1.PartialObjectMetadata{}
-	nodeMeta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	if r.Cache != nil {
-		ni, err1 := r.Cache.GetInformer(ctx, nodeMeta)
-		pi, err2 := r.Cache.GetInformer(ctx, &v1alpha1.ProxyNode{})
-		ns, ok1 := ni.(storeGetter)
-		ps, ok2 := pi.(storeGetter)
-		if err1 == nil && err2 == nil && ok1 && ok2 {
-			objs := ns.GetStore().List()
-			nodes := make([]plan.Node, 0, len(objs))
-			for _, o := range objs {
-				if n, ok := o.(*metav1.PartialObjectMetadata); ok {
-					nodes = append(nodes, plan.Node{Name: n.Name, UID: n.UID, Labels: n.Labels, Deleting: n.DeletionTimestamp != nil})
-				}
+	objs, ok1 := cached(ctx, r.Cache, nodeMetadata())
+	pns, ok2 := cachedProxyNodes(ctx, r.Cache)
+	if ok1 && ok2 {
+		nodes := make([]plan.Node, 0, len(objs))
+		for _, o := range objs {
+			if n, ok := o.(*metav1.PartialObjectMetadata); ok {
+				nodes = append(nodes, plan.Node{Name: n.Name, UID: n.UID, Labels: n.Labels, Deleting: n.DeletionTimestamp != nil})
 			}
-			objs = ps.GetStore().List()
-			pns := make(map[string]*v1alpha1.ProxyNode, len(objs))
-			for _, o := range objs {
-				if pn, ok := o.(*v1alpha1.ProxyNode); ok {
-					pns[pn.Name] = pn
-				}
-			}
-			return nodes, pns, nil
 		}
+		return nodes, pns, nil
 	}
 	var nodeList metav1.PartialObjectMetadataList
 	nodeList.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
@@ -578,7 +619,7 @@ func (r *ProxyConfigReconciler) readNodes(ctx context.Context) ([]plan.Node, map
 	if err := r.Client.List(ctx, &pnList, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, nil, err
 	}
-	pns := make(map[string]*v1alpha1.ProxyNode, len(pnList.Items))
+	pns = make(map[string]*v1alpha1.ProxyNode, len(pnList.Items))
 	for i := range pnList.Items {
 		pns[pnList.Items[i].Name] = &pnList.Items[i]
 	}
@@ -589,19 +630,14 @@ func (r *ProxyConfigReconciler) readNodes(ctx context.Context) ([]plan.Node, map
 // them (findings.Trim). They are the cache's own objects: read them, never
 // change them.
 func (r *ProxyConfigReconciler) readServices(ctx context.Context) ([]*corev1.Service, error) {
-	if r.Cache != nil {
-		if inf, err := r.Cache.GetInformer(ctx, &corev1.Service{}); err == nil {
-			if sg, ok := inf.(storeGetter); ok {
-				objs := sg.GetStore().List()
-				out := make([]*corev1.Service, 0, len(objs))
-				for _, o := range objs {
-					if svc, ok := o.(*corev1.Service); ok {
-						out = append(out, svc)
-					}
-				}
-				return out, nil
+	if objs, ok := cached(ctx, r.Cache, &corev1.Service{}); ok {
+		out := make([]*corev1.Service, 0, len(objs))
+		for _, o := range objs {
+			if svc, ok := o.(*corev1.Service); ok {
+				out = append(out, svc)
 			}
 		}
+		return out, nil
 	}
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {

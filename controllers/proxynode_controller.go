@@ -10,7 +10,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers/plan"
@@ -54,16 +57,32 @@ func (r *ProxyNodeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return ctrl.Result{}, nil
 }
 
-// SetupWithManager registers the reconciler: Nodes (metadata only) and
-// ProxyNodes (a deleted one is created again for its Node) map to the node
-// of the same name.
+// nodeWorkers is how many Nodes get their ProxyNode at once: installing
+// into a cluster of 10k nodes is 10k creates, which one at a time take
+// minutes on a busy API server. Each Node is its own work item, so
+// workers never race on one.
+const nodeWorkers = 8
+
+// SetupWithManager registers the reconciler: created Nodes (metadata
+// only) and deleted ProxyNodes (created again for their Node) map to the
+// node of the same name. Node updates (a kubelet's status, labels) and
+// ProxyNode creations and updates (the agents' status reports, several
+// per switch) cannot leave a Node without its ProxyNode, so they start
+// nothing.
 func (r *ProxyNodeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
+	noUpdates := predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
+	onlyDeletes := predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(NodeControllerName).
-		For(&corev1.Node{}, builder.OnlyMetadata).
-		Watches(&v1alpha1.ProxyNode{}, &handler.EnqueueRequestForObject{}).
+		For(&corev1.Node{}, builder.OnlyMetadata, builder.WithPredicates(noUpdates)).
+		Watches(&v1alpha1.ProxyNode{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(onlyDeletes)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: nodeWorkers}).
 		Complete(r)
 }

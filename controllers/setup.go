@@ -135,7 +135,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*ProxyConfigReconciler, e
 	if err := (&ProxyNodeReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	h := &HandoverReconciler{Client: mgr.GetClient(), DaemonSet: opts.KubeProxyDaemonSet, Recorder: mgr.GetEventRecorder(HandoverControllerName)}
+	h := &HandoverReconciler{Client: mgr.GetClient(), Cache: mgr.GetCache(), DaemonSet: opts.KubeProxyDaemonSet, Recorder: mgr.GetEventRecorder(HandoverControllerName)}
 	return r, h.SetupWithManager(mgr)
 }
 

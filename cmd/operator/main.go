@@ -29,6 +29,7 @@ func main() {
 		metricsSecure bool
 		metricsCerts  string
 		probeAddr     string
+		pprofAddr     string
 		leaderElect   bool
 		leaderElectNS string
 		leaderElectID string
@@ -40,6 +41,7 @@ func main() {
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated callers only: a bearer token the API server accepts (TokenReview) whose owner may get the /metrics URL (SubjectAccessReview; see the proxyshift-metrics-reader ClusterRole). false serves plain HTTP to anyone.")
 	flag.StringVar(&metricsCerts, "metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint; empty uses a self-signed certificate.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address to serve Go's profiles on (/debug/pprof/, plain HTTP, no authentication: bind it to 127.0.0.1); empty disables them.")
 	flag.BoolVar(&leaderElect, "leader-elect", true, "Elect a leader so only one operator replica acts at a time.")
 	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease; defaults to the pod's namespace in-cluster.")
 	flag.StringVar(&leaderElectID, "leader-election-id", "proxyshift-operator.proxyshift.io", "Name of the leader election Lease.")
@@ -86,6 +88,7 @@ func main() {
 		Scheme:                        scheme,
 		Metrics:                       metrics,
 		HealthProbeBindAddress:        probeAddr,
+		PprofBindAddress:              pprofAddr,
 		LeaderElection:                leaderElect,
 		LeaderElectionID:              leaderElectID,
 		LeaderElectionNamespace:       leaderElectNS,

@@ -52,8 +52,14 @@ func main() {
 		Modes: strings.Split(*modes, ","), MaxSize: map[string]int{"iptables": *iptMax},
 		Changes: *changes, ChangeEvery: *every, Connects: *connects, SyncTimeout: *syncLimit, Workers: 16,
 	}
-	if err := run(plan, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+	if !*operatorOnly {
+		if err := run(plan, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	if err := runOperator(*assets, *write, *keep); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: operator: %v\n", err)
 		os.Exit(1)
 	}
 }

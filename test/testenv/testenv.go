@@ -94,7 +94,9 @@ func start(t testing.TB, serviceCIDRs string) *Env {
 // the caller stops it with Stop.
 func Launch(assets, dir string) (*Env, error) { return launch(assets, dir, ServiceCIDR) }
 
-func launch(assets, dir, serviceCIDRs string) (*Env, error) {
+// launch starts the control plane; each configure function may set more
+// flags of the API server before it starts (LaunchAudited).
+func launch(assets, dir, serviceCIDRs string, configure ...func(*envtest.Environment)) (*Env, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -116,6 +118,9 @@ func launch(assets, dir, serviceCIDRs string) (*Env, error) {
 	// A throwaway etcd need not wait for the disk on every write.
 	env.ControlPlane.Etcd = &envtest.Etcd{}
 	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")
+	for _, f := range configure {
+		f(env)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start test control plane from %s: %w", assets, err)
