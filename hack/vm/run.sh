@@ -15,7 +15,10 @@
 # Environment:
 #   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
 #   PROXYSHIFT_VM_TIMEOUT=2400 seconds before the VM is killed
-#   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
+#   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory (default 1024 when a
+#                              package needs the API server)
+#   PROXYSHIFT_VM_TEST_TIMEOUT=DURATION  each package's -test.timeout
+#                              (default 25m, 60m with benchmarks)
 #   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
 #   PROXYSHIFT_VM_PACKAGES=RE  only the packages of packages.txt matching RE
 #                              (grep -E)
@@ -32,7 +35,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
 VM_CACHE="$CACHE_ROOT/vm"
 TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-2400}"
-MEMORY="${PROXYSHIFT_VM_MEMORY:-512}"
+MEMORY="${PROXYSHIFT_VM_MEMORY:-}" # default: 512, 1024 with the API server
 LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
 # The guest's user-mode network and the API server's address on it
 # (hack/vm/init and test/vm know them too).
@@ -87,7 +90,13 @@ for pkg in "${packages[@]}"; do
 done
 
 # The agent binary, static, for packages that run it as a process
-# (test/vmcluster): /usr/sbin/proxyshift-agent.
+# (test/vmcluster): /usr/sbin/proxyshift-agent. It and their test
+# binaries need more memory than the others (the initramfs is held twice
+# while it is unpacked).
+if [ -z "$MEMORY" ]; then
+  MEMORY=512
+  [ -z "${apiserver:-}" ] || MEMORY=1024
+fi
 if [ -n "${apiserver:-}" ]; then
   mkdir -p "$root/usr/sbin"
   log "building cmd/agent"
@@ -186,6 +195,9 @@ fi
 append="console=ttyS0 panic=-1 quiet proxyshift.vm=1"
 if [ -n "${PROXYSHIFT_VM_RUN:-}" ]; then
   append+=" proxyshift.run=$PROXYSHIFT_VM_RUN"
+fi
+if [ -n "${PROXYSHIFT_VM_TEST_TIMEOUT:-}" ]; then
+  append+=" proxyshift.timeout=$PROXYSHIFT_VM_TEST_TIMEOUT"
 fi
 if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
   append+=" proxyshift.bench=$PROXYSHIFT_VM_BENCH proxyshift.benchtime=${PROXYSHIFT_VM_BENCHTIME:-1x}"

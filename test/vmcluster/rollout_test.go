@@ -22,6 +22,11 @@ const (
 	// a full iptables sync takes tens of seconds, which the switches
 	// should have to themselves.
 	syncPeriod = "10m"
+	// connectionTimeout bounds each of the client's new connections. Not
+	// 2 s, as on the host: at host load 20 the emulated VM stalled long
+	// enough for a 2 s read deadline to fire 3.5 s after the connection
+	// began, and connections failed so while no node was switching.
+	connectionTimeout = 10 * time.Second
 )
 
 // settings gives the ProxyConfig's mode settings the long syncPeriod
@@ -66,7 +71,7 @@ func TestVMClusterRollouts(t *testing.T) {
 				defer s.Close()
 				sessions = append(sessions, s)
 			}
-			loop := netlab.StartClientLoopEvery(t, w.client.NS, 5*time.Millisecond, w.targets()...)
+			loop := netlab.StartClientLoopTimeout(t, w.client.NS, 5*time.Millisecond, connectionTimeout, w.targets()...)
 
 			start := time.Now()
 			gen, err := e2e.ApplyModeWith(w.ctx, w.c, e2e.ConfigName, to, nodeTimeout, settings)
