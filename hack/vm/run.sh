@@ -167,6 +167,8 @@ if [ -n "${apiserver:-}" ]; then
   go build -o "$work/apiserver" ./hack/vm/apiserver
   mkdir -p "$root/etc/proxyshift"
   mkfifo "$work/apiserver.stdin"
+  # envtest's 20 s to start kube-apiserver is too short on a busy host.
+  KUBEBUILDER_CONTROLPLANE_START_TIMEOUT="${KUBEBUILDER_CONTROLPLANE_START_TIMEOUT:-120s}" \
   "$work/apiserver" -assets "$assets" -guest-kubeconfig "$root/etc/proxyshift/kubeconfig" \
     -server "https://$VM_APISERVER" < "$work/apiserver.stdin" > "$work/apiserver.out" 2> "$work/apiserver.log" &
   apiserver_pid=$!
