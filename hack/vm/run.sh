@@ -15,7 +15,10 @@
 # Environment:
 #   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
 #   PROXYSHIFT_VM_TIMEOUT=2400 seconds before the VM is killed
-#   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory
+#   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory (default 1024 when a
+#                              package needs the API server)
+#   PROXYSHIFT_VM_TEST_TIMEOUT=DURATION  each package's -test.timeout
+#                              (default 25m, 60m with benchmarks)
 #   PROXYSHIFT_VM_RUN=REGEXP   only the tests matching REGEXP (-test.run)
 #   PROXYSHIFT_VM_PACKAGES=RE  only the packages of packages.txt matching RE
 #                              (grep -E)
@@ -32,8 +35,12 @@ export PATH="$PATH:/usr/sbin:/sbin"
 CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
 VM_CACHE="$CACHE_ROOT/vm"
 TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-2400}"
-MEMORY="${PROXYSHIFT_VM_MEMORY:-512}"
+MEMORY="${PROXYSHIFT_VM_MEMORY:-}" # default: 512, 1024 with the API server
 LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
+# The guest's user-mode network and the API server's address on it
+# (hack/vm/init and test/vm know them too).
+VM_NET=198.18.254.0/24
+VM_APISERVER=198.18.254.100:6443
 
 log() { echo "test-vm: $*" >&2; }
 start=$SECONDS
@@ -55,9 +62,17 @@ ln -s /run "$root/var/run"
 # package's testdata comes along, and the binary runs in its directory.
 # A "bench <pkg>" line is there for its benchmarks only: it is left out
 # unless PROXYSHIFT_VM_BENCH asks for benchmarks.
+# An "apiserver <pkg>" line is a package whose tests need the API server:
+# see "The API server" below.
 mapfile -t packages < <(sed 's/#.*//' hack/vm/packages.txt |
-  awk -v bench="${PROXYSHIFT_VM_BENCH:-}" '$1 == "bench" { if (bench != "") print $2; next } NF { print $1 }' |
+  awk -v bench="${PROXYSHIFT_VM_BENCH:-}" '$1 == "bench" { if (bench != "") print $2; next } $1 == "apiserver" { print $2; next } NF { print $1 }' |
   grep -E -- "${PROXYSHIFT_VM_PACKAGES:-.}")
+mapfile -t apiserver_packages < <(sed 's/#.*//' hack/vm/packages.txt | awk '$1 == "apiserver" { print $2 }')
+needs_apiserver() {
+  local p
+  for p in "${apiserver_packages[@]}"; do [ "$p" = "$1" ] && return 0; done
+  return 1
+}
 [ "${#packages[@]}" -gt 0 ] || { log "no package of hack/vm/packages.txt matches PROXYSHIFT_VM_PACKAGES=$PROXYSHIFT_VM_PACKAGES"; exit 1; }
 for pkg in "${packages[@]}"; do
   bin="$root/tests/${pkg//\//_}.test"
@@ -66,8 +81,27 @@ for pkg in "${packages[@]}"; do
   [ -x "$bin" ] || { log "$pkg has no tests to run"; exit 1; }
   mkdir -p "$root/src/$pkg"
   if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$root/src/$pkg/"; fi
-  echo "$pkg" >> "$root/tests/list"
+  if needs_apiserver "$pkg"; then
+    echo "$pkg apiserver" >> "$root/tests/list"
+    apiserver=1
+  else
+    echo "$pkg" >> "$root/tests/list"
+  fi
 done
+
+# The agent binary, static, for packages that run it as a process
+# (test/vmcluster): /usr/sbin/proxyshift-agent. It and their test
+# binaries need more memory than the others (the initramfs is held twice
+# while it is unpacked).
+if [ -z "$MEMORY" ]; then
+  MEMORY=512
+  [ -z "${apiserver:-}" ] || MEMORY=1024
+fi
+if [ -n "${apiserver:-}" ]; then
+  mkdir -p "$root/usr/sbin"
+  log "building cmd/agent"
+  CGO_ENABLED=0 go build -o "$root/usr/sbin/proxyshift-agent" ./cmd/agent
+fi
 
 # busybox, with a link per applet (not to itself).
 cp "$busybox" "$root/bin/busybox"
@@ -119,6 +153,40 @@ cp "$src"/modules.* "$dst/"
 )
 log "initramfs: ${#packages[@]} test binaries, $(wc -l < "$work/modules") modules of $kver"
 
+# The API server, for the packages that need it: the test control plane
+# (kube-apiserver and etcd of hack/controlplane.sh, proxyshift's CRDs)
+# runs on the host, listening on 127.0.0.1 only (hack/vm/apiserver). The
+# guest gets a user-mode NIC with no route out (restrict=on) on
+# 198.18.254.0/24, whose only way out is a guestfwd of 198.18.254.100:6443
+# to that port, and the administrator's kubeconfig naming that address at
+# /etc/proxyshift/kubeconfig. /init brings the NIC up only for those
+# packages. The trap stops the control plane, also after a failure.
+netdev=(-net none)
+if [ -n "${apiserver:-}" ]; then
+  assets="$(hack/controlplane.sh)"
+  go build -o "$work/apiserver" ./hack/vm/apiserver
+  mkdir -p "$root/etc/proxyshift"
+  mkfifo "$work/apiserver.stdin"
+  # envtest's 20 s to start kube-apiserver is too short on a busy host.
+  KUBEBUILDER_CONTROLPLANE_START_TIMEOUT="${KUBEBUILDER_CONTROLPLANE_START_TIMEOUT:-120s}" \
+  "$work/apiserver" -assets "$assets" -guest-kubeconfig "$root/etc/proxyshift/kubeconfig" \
+    -server "https://$VM_APISERVER" < "$work/apiserver.stdin" > "$work/apiserver.out" 2> "$work/apiserver.log" &
+  apiserver_pid=$!
+  exec {apiserver_stdin}> "$work/apiserver.stdin"
+  trap 'exec {apiserver_stdin}>&-; kill "$apiserver_pid" 2>/dev/null || true; wait "$apiserver_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+  apiserver_start=$SECONDS
+  until grep -q '^apiserver ready ' "$work/apiserver.out"; do
+    if ! kill -0 "$apiserver_pid" 2>/dev/null || [ $((SECONDS - apiserver_start)) -gt 180 ]; then
+      log "the host's API server did not start:"; cat "$work/apiserver.log" >&2; exit 1
+    fi
+    sleep 0.5
+  done
+  host_addr="$(sed -n 's/^apiserver ready //p' "$work/apiserver.out")"
+  log "API server on the host at $host_addr (up in $((SECONDS - apiserver_start))s), the guest's at $VM_APISERVER"
+  netdev=(-netdev "user,id=net0,net=$VM_NET,host=${VM_NET%.*/*}.2,restrict=on,guestfwd=tcp:$VM_APISERVER-cmd:$work/apiserver relay $host_addr"
+    -device virtio-net-pci,netdev=net0,romfile=)
+fi
+
 cp hack/vm/init "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet) > "$work/initramfs"
 
@@ -130,6 +198,9 @@ append="console=ttyS0 panic=-1 quiet proxyshift.vm=1"
 if [ -n "${PROXYSHIFT_VM_RUN:-}" ]; then
   append+=" proxyshift.run=$PROXYSHIFT_VM_RUN"
 fi
+if [ -n "${PROXYSHIFT_VM_TEST_TIMEOUT:-}" ]; then
+  append+=" proxyshift.timeout=$PROXYSHIFT_VM_TEST_TIMEOUT"
+fi
 if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
   append+=" proxyshift.bench=$PROXYSHIFT_VM_BENCH proxyshift.benchtime=${PROXYSHIFT_VM_BENCHTIME:-1x}"
 fi
@@ -139,7 +210,7 @@ log "booting $kver (${accel[1]}, timeout ${TIMEOUT}s); serial log: $LOG"
 boot=$SECONDS
 status=0
 timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEMORY" \
-  -nographic -no-reboot -net none \
+  -nographic -no-reboot "${netdev[@]}" \
   -kernel "$kernel_dir/vmlinuz" -initrd "$work/initramfs" -append "$append" \
   < /dev/null 2>&1 | sed -u -e 's/\r$//' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' | tee "$LOG" || status=$?
 if [ "$status" -eq 124 ]; then

@@ -234,11 +234,22 @@ func SetMode(pc *v1alpha1.ProxyConfig, mode v1alpha1.ProxyMode) {
 // ApplyMode creates the ProxyConfig name in mode, or sets the mode of the
 // existing one. It returns the generation that carries the mode.
 func ApplyMode(ctx context.Context, c client.Client, name string, mode v1alpha1.ProxyMode, nodeTimeout time.Duration) (int64, error) {
+	return ApplyModeWith(ctx, c, name, mode, nodeTimeout, nil)
+}
+
+// ApplyModeWith is ApplyMode with edit (when set) applied to the
+// ProxyConfig after its mode is set, before it is written: other
+// settings a test needs.
+func ApplyModeWith(ctx context.Context, c client.Client, name string, mode v1alpha1.ProxyMode, nodeTimeout time.Duration, edit func(*v1alpha1.ProxyConfig)) (int64, error) {
+	if edit == nil {
+		edit = func(*v1alpha1.ProxyConfig) {}
+	}
 	for attempt := 0; attempt < 10; attempt++ {
 		pc := &v1alpha1.ProxyConfig{}
 		err := c.Get(ctx, client.ObjectKey{Name: name}, pc)
 		if apierrors.IsNotFound(err) {
 			pc = NewProxyConfig(name, mode, nodeTimeout)
+			edit(pc)
 			if err := c.Create(ctx, pc); err != nil {
 				if apierrors.IsAlreadyExists(err) {
 					continue
@@ -251,6 +262,7 @@ func ApplyMode(ctx context.Context, c client.Client, name string, mode v1alpha1.
 			return 0, err
 		}
 		SetMode(pc, mode)
+		edit(pc)
 		if err := c.Update(ctx, pc); err != nil {
 			if apierrors.IsConflict(err) {
 				continue

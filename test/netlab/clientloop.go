@@ -30,6 +30,13 @@ func StartClientLoop(t testing.TB, ns *NetNS, targets ...netip.AddrPort) *Client
 // StartClientLoopEvery is StartClientLoop with pause between two
 // connections instead of 10 ms.
 func StartClientLoopEvery(t testing.TB, ns *NetNS, pause time.Duration, targets ...netip.AddrPort) *ClientLoop {
+	return StartClientLoopTimeout(t, ns, pause, 2*time.Second, targets...)
+}
+
+// StartClientLoopTimeout is StartClientLoopEvery with timeout for each
+// connection instead of 2 s (for emulated machines, whose stalls on a busy
+// host outlast 2 s).
+func StartClientLoopTimeout(t testing.TB, ns *NetNS, pause, timeout time.Duration, targets ...netip.AddrPort) *ClientLoop {
 	l := &ClientLoop{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
@@ -40,7 +47,7 @@ func StartClientLoopEvery(t testing.TB, ns *NetNS, pause time.Duration, targets 
 			default:
 			}
 			target := targets[i%len(targets)]
-			if _, err := ns.Request(TCP, target, 2*time.Second); err != nil {
+			if _, err := ns.Request(TCP, target, timeout); err != nil {
 				l.fail.Add(1)
 				l.mu.Lock()
 				if len(l.errs) < 10 {

@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	gnft "github.com/google/nftables"
 	libipvs "github.com/moby/ipvs"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
@@ -22,8 +20,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
@@ -31,6 +27,7 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/probe"
 	"github.com/proxyshift/proxyshift/nodeagent/report"
 	"github.com/proxyshift/proxyshift/nodeagent/switcher"
+	"github.com/proxyshift/proxyshift/test/kernelstate"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/vm"
 )
@@ -329,112 +326,27 @@ func (n *node) waitServing(mode v1alpha1.ProxyMode, want []v1alpha1.NodePhase) {
 }
 
 // requireOnly fails unless the kernel holds the objects of mode and none
-// of the other modes' ("" for none at all): nftables mode's table
-// proxyshift; ipvs mode's dummy interface, helper tables and virtual
-// services on the service address; iptables mode's PROXYSHIFT- chains, in
-// either variant.
+// of the other modes' ("" for none at all), as kernelstate reads them;
+// for ipvs, a virtual service on the web service's address.
 func (n *node) requireOnly(mode v1alpha1.ProxyMode) {
 	n.t.Helper()
-	fd := n.lab.Node.NS.FD()
-	objects := nftObjects(n.t, fd)
-	legacy := iptablesLegacySave(n.t, fd)
-	holds := map[v1alpha1.ProxyMode]bool{
-		v1alpha1.ModeNFTables: slices.Contains(objects, "ip "+nftables.TableName) || slices.Contains(objects, "ip6 "+nftables.TableName),
-		v1alpha1.ModeIPVS: slices.Contains(objects, "ip "+ipvs.TableName) || slices.Contains(objects, "ip6 "+ipvs.TableName) ||
-			hasLink(n.t, n.lab.Node.NS, ipvs.DummyInterface) || hasService(n.t, fd, webIP),
-		v1alpha1.ModeIPTables: strings.Contains(legacy, "PROXYSHIFT-") ||
-			slices.ContainsFunc(objects, func(o string) bool { return strings.Contains(o, " PROXYSHIFT-") }),
-	}
-	for _, m := range modes {
-		switch has := holds[m]; {
-		case m == mode && !has:
-			n.t.Errorf("the kernel holds nothing of %s:\n%s\n%s", m, strings.Join(objects, "\n"), legacy)
-		case m != mode && has:
-			n.t.Errorf("leftovers of %s with %q serving:\n%s\n%s", m, mode, strings.Join(objects, "\n"), legacy)
-		}
-	}
-}
-
-// nftObjects lists the nftables tables in the namespace fd ("ip name")
-// and their chains ("ip name chain"), iptables-nft's among them.
-func nftObjects(t *testing.T, fd int) []string {
-	t.Helper()
-	c, err := gnft.New(gnft.WithNetNSFd(fd))
+	st, err := kernelstate.Read(n.lab.Node.NS)
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
-	tables, err := c.ListTables()
-	if err != nil {
-		t.Fatal(err)
+	for _, d := range st.Only(mode, webIP) {
+		n.t.Errorf("%s:\n%s", d, st)
 	}
-	chains, err := c.ListChains()
-	if err != nil {
-		t.Fatal(err)
-	}
-	families := map[gnft.TableFamily]string{gnft.TableFamilyIPv4: "ip", gnft.TableFamilyIPv6: "ip6", gnft.TableFamilyINet: "inet"}
-	var out []string
-	for _, tb := range tables {
-		out = append(out, families[tb.Family]+" "+tb.Name)
-	}
-	for _, ch := range chains {
-		out = append(out, families[ch.Table.Family]+" "+ch.Table.Name+" "+ch.Name)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// iptablesLegacySave is what both families' iptables-legacy-save print in
-// the namespace fd.
-func iptablesLegacySave(t *testing.T, fd int) string {
-	t.Helper()
-	var out []byte
-	for _, bin := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
-		b, err := nsexec.NS(fd).Output(context.Background(), nil, bin)
-		if err != nil {
-			t.Fatalf("%s: %v", bin, err)
-		}
-		out = append(out, b...)
-	}
-	return string(out)
-}
-
-func hasLink(t *testing.T, ns *netlab.NetNS, name string) bool {
-	t.Helper()
-	h, err := netlink.NewHandleAt(ns.Handle, unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	_, err = h.LinkByName(name)
-	return err == nil
-}
-
-// hasService says whether a virtual service at ip exists in fd's
-// namespace.
-func hasService(t *testing.T, fd int, ip netip.Addr) bool {
-	t.Helper()
-	h, err := libipvs.New(fmt.Sprintf("/proc/self/fd/%d", fd))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	return strings.Contains(ipvsServices(t, h), " "+ip.String()+":")
 }
 
 // ipvsServices renders the virtual services h sees, one per line, sorted.
 func ipvsServices(t *testing.T, h *libipvs.Handle) string {
 	t.Helper()
-	services, err := h.GetServices()
+	dump, err := kernelstate.VirtualServices(h)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	for _, s := range services {
-		a, _ := netip.AddrFromSlice(s.Address)
-		lines = append(lines, fmt.Sprintf("proto %d %s fwmark %d sched %s", s.Protocol, netip.AddrPortFrom(a.Unmap(), s.Port), s.FWMark, s.SchedName))
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
+	return dump
 }
 
 // foreignOf keeps the lines of an ipvsServices dump that are foreign
