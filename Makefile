@@ -37,12 +37,10 @@ controlplane: ## Build (once) and print the test control plane directory.
 	@hack/controlplane.sh
 
 .PHONY: test
-test: verify ## Run every test: real API server, real netfilter, the real-node cluster, then the VM's kernel tests.
+test: verify ## Run every test: real API server, real netfilter, the real-node cluster, the fuzz targets, and beside them the VM's kernel tests.
 	hack/install-deps.sh
 	hack/realcluster.sh >/dev/null
-	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh ./...
-	hack/fuzz.sh
-	hack/vm/run.sh
+	hack/test.sh
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under traffic); as root.

@@ -54,6 +54,8 @@ repo="$PWD"
 
 work="$(mktemp -d "$VM_CACHE/run.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+# A TERM (hack/test.sh stopping an interrupted run) runs the EXIT trap.
+trap 'exit 143' TERM INT
 root="$work/root"
 mkdir -p "$root"/{bin,dev,proc,sys,tmp,run,var,tests,src,lib/modules}
 ln -s /run "$root/var/run"
