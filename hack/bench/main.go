@@ -42,6 +42,9 @@ func main() {
 		changes   = flag.Int("changes", 100, "Endpoint changes per run (programming latency samples).")
 		every     = flag.Duration("change-every", 1200*time.Millisecond, "Time between the starts of two endpoint changes: above both programs' default minSyncPeriod (1s); 100 changes span four of their default periodic resyncs (30s).")
 		connects  = flag.Int("connects", 200, "Connections per first-packet figure.")
+		swSize    = flag.Int("switch-size", 0, "Service count at which the node switches modes (default the largest of -sizes); -1 measures no switch.")
+		swModes   = flag.String("switch-modes", "nftables,iptables", "Modes the node switches between, in turn from the first (the switches run after that mode's measurements).")
+		swRounds  = flag.Int("switch-rounds", 3, "Rounds through -switch-modes (3 rounds of two modes: 3 switches each way).")
 		timeout   = flag.Duration("timeout", 40*time.Minute, "Bound on the whole run.")
 		write     = flag.String("write", "", "Markdown file whose benchmark section gets the table (the chart goes next to it); empty prints only.")
 		keep      = flag.Bool("keep", false, "Keep the run directory (logs, configurations).")
@@ -51,6 +54,8 @@ func main() {
 	plan := bench.Plan{
 		Modes: strings.Split(*modes, ","), MaxSize: map[string]int{"iptables": *iptMax},
 		Changes: *changes, ChangeEvery: *every, Connects: *connects, SyncTimeout: *syncLimit, Workers: 16,
+		SwitchSize: *swSize,
+		Switch:     bench.SwitchPlan{Modes: strings.Split(*swModes, ","), Rounds: *swRounds, Timeout: 3 * time.Minute, ProbeEvery: 5 * time.Millisecond},
 	}
 	if err := run(plan, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -68,6 +73,9 @@ func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout tim
 	var err error
 	if plan.Sizes, err = parseSizes(sizeList); err != nil {
 		return err
+	}
+	if plan.SwitchSize == 0 {
+		plan.SwitchSize = plan.Sizes[len(plan.Sizes)-1]
 	}
 	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -109,6 +117,9 @@ func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout tim
 	defer lab.Close()
 	objs, err := bench.NewObjects(ctx, kube)
 	if err != nil {
+		return err
+	}
+	if plan.ProxyNodes, err = bench.NewProxyNodes(env.Config); err != nil {
 		return err
 	}
 	plan.Programs = []bench.Program{bench.KubeProxy(kubeProxy), bench.Proxyshift(agent)}
