@@ -2,8 +2,10 @@
 // test/bench): it starts the test API server, creates the Services and
 // EndpointSlices size by size, runs each program in its own network
 // namespace in each mode, prints a table with both figures and their ratio
-// per row, and (with -write) puts it into docs/benchmarks.md with a PNG
-// chart of first-sync time against Service count.
+// per row, and (with -write) puts it into docs/benchmarks.md with PNG
+// charts: first-sync time and peak RSS against Service count, and a
+// programming-latency CDF per mode and size. At the largest size it also
+// switches the node's mode nftables <-> iptables through its ProxyNode.
 //
 // It needs root (network namespaces, netfilter). `make bench` builds
 // everything it needs and runs it.
@@ -126,6 +128,9 @@ func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout tim
 	plan.Dir, plan.Kubeconfig, plan.APIServer, plan.Logf = dir, env.Kubeconfig, host.Host, logf
 	results, runErr := bench.Run(ctx, lab, objs, plan)
 	report := bench.NewReport(results, time.Since(started))
+	for _, p := range plan.Programs {
+		report.Flags = append(report.Flags, bench.ProgramFlags{Program: p.Name, Flags: p.Flags("<mode>")})
+	}
 	fmt.Println()
 	fmt.Print(report.Markdown())
 	if runErr != nil {
