@@ -40,13 +40,13 @@ func main() {
 		sizes     = flag.String("sizes", "1000,5000,10000", "Comma-separated Service counts, ascending.")
 		modes     = flag.String("modes", "nftables,iptables", "Comma-separated modes.")
 		iptMax    = flag.Int("iptables-max", 5000, "Largest Service count measured in iptables mode (kube-proxy's iptables-nft first sync grows quadratically: it did not finish 5k within 5 minutes here, and 10k would not fit the run's time).")
-		syncLimit = flag.Duration("sync-timeout", 4*time.Minute, "Bound on each first sync; a program that takes longer is reported as slower than it.")
+		syncLimit = flag.Duration("sync-timeout", 3*time.Minute, "Bound on each first sync; a program that takes longer is reported as slower than it.")
 		changes   = flag.Int("changes", 100, "Endpoint changes per run (programming latency samples).")
-		every     = flag.Duration("change-every", 1200*time.Millisecond, "Time between the starts of two endpoint changes: above both programs' default minSyncPeriod (1s); 100 changes span four of their default periodic resyncs (30s).")
+		every     = flag.Duration("change-every", 1100*time.Millisecond, "Time between the starts of two endpoint changes: above both programs' default minSyncPeriod (1s); 100 changes span three to four of their default periodic resyncs (30s).")
 		connects  = flag.Int("connects", 200, "Connections per first-packet figure.")
 		swSize    = flag.Int("switch-size", 0, "Service count at which the node switches modes (default the largest of -sizes); -1 measures no switch.")
 		swModes   = flag.String("switch-modes", "nftables,iptables", "Modes the node switches between, in turn from the first (the switches run after that mode's measurements).")
-		swRounds  = flag.Int("switch-rounds", 3, "Rounds through -switch-modes (3 rounds of two modes: 3 switches each way).")
+		swRounds  = flag.Int("switch-rounds", 2, "Rounds through -switch-modes (2 rounds of two modes: 2 switches each way).")
 		timeout   = flag.Duration("timeout", 40*time.Minute, "Bound on the whole run.")
 		write     = flag.String("write", "", "Markdown file whose benchmark section gets the table (the chart goes next to it); empty prints only.")
 		keep      = flag.Bool("keep", false, "Keep the run directory (logs, configurations).")
@@ -132,17 +132,18 @@ func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout tim
 		report.Flags = append(report.Flags, bench.ProgramFlags{Program: p.Name, Flags: p.Flags("<mode>")})
 	}
 	fmt.Println()
-	fmt.Print(report.Markdown())
 	if runErr != nil {
-		return runErr
+		// What was measured is written all the same, with why it stopped.
+		report.Extra = append(report.Extra, fmt.Sprintf("### the run stopped early\n\n%v", runErr))
 	}
-	if write != "" {
+	fmt.Print(report.Markdown())
+	if write != "" && len(results) > 0 {
 		if err := report.WriteInto(write); err != nil {
 			return err
 		}
-		logf("wrote the table into %s and the chart next to it", write)
+		logf("wrote the table into %s and the charts next to it", write)
 	}
-	return nil
+	return runErr
 }
 
 func parseSizes(list string) ([]int, error) {

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"path/filepath"
 	"slices"
 	"time"
@@ -118,14 +119,17 @@ func (r *Report) latencyCDF(path, title, mode string, n int) (bool, error) {
 	p.Y.Label.Text = "fraction of changes"
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = 0, 1
-	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.Top, p.Legend.Left = true, true
 	drawn := false
+	lo, hi := math.Inf(1), 0.0
 	for i, prog := range []string{"kube-proxy", "proxyshift"} {
 		res, ok := r.lookup(prog, mode, n)
 		if !ok || len(res.Latency) == 0 {
 			continue
 		}
-		line, err := plotter.NewLine(cdf(res.Latency))
+		pts := cdf(res.Latency)
+		lo, hi = min(lo, pts[0].X), max(hi, pts[len(pts)-1].X)
+		line, err := plotter.NewLine(pts)
 		if err != nil {
 			return false, err
 		}
@@ -138,6 +142,8 @@ func (r *Report) latencyCDF(path, title, mode string, n int) (bool, error) {
 	if !drawn {
 		return false, nil
 	}
+	// Room on both sides, so that the first and last steps show.
+	p.X.Min, p.X.Max = lo/1.5, hi*1.5
 	p.Add(plotter.NewGrid())
 	return true, p.Save(7*vg.Inch, 4.5*vg.Inch, path)
 }
