@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,7 @@ func main() {
 		assets    = flag.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "Directory with kube-apiserver and etcd (hack/controlplane.sh prints it).")
 		sizes     = flag.String("sizes", "1000,5000,10000", "Comma-separated Service counts, ascending.")
 		modes     = flag.String("modes", "nftables,iptables", "Comma-separated modes.")
+		programs  = flag.String("programs", "kube-proxy,proxyshift", "Comma-separated programs to run (a subset of the default).")
 		iptMax    = flag.Int("iptables-max", 5000, "Largest Service count measured in iptables mode (kube-proxy's iptables-nft first sync grows quadratically: it did not finish 5k within 5 minutes here, and 10k would not fit the run's time).")
 		syncLimit = flag.Duration("sync-timeout", 3*time.Minute, "Bound on each first sync; a program that takes longer is reported as slower than it.")
 		changes   = flag.Int("changes", 100, "Endpoint changes per run (programming latency samples).")
@@ -59,13 +61,13 @@ func main() {
 		SwitchSize: *swSize,
 		Switch:     bench.SwitchPlan{Modes: strings.Split(*swModes, ","), Rounds: *swRounds, Timeout: 3 * time.Minute, ProbeEvery: 5 * time.Millisecond},
 	}
-	if err := run(plan, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
+	if err := run(plan, *programs, *kubeProxy, *agent, *assets, *sizes, *timeout, *write, *keep); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout time.Duration, write string, keep bool) error {
+func run(plan bench.Plan, programs, kubeProxy, agent, assets, sizeList string, timeout time.Duration, write string, keep bool) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces and programs netfilter inside them (sudo make bench)")
 	}
@@ -124,7 +126,14 @@ func run(plan bench.Plan, kubeProxy, agent, assets, sizeList string, timeout tim
 	if plan.ProxyNodes, err = bench.NewProxyNodes(env.Config); err != nil {
 		return err
 	}
-	plan.Programs = []bench.Program{bench.KubeProxy(kubeProxy), bench.Proxyshift(agent)}
+	for _, p := range []bench.Program{bench.KubeProxy(kubeProxy), bench.Proxyshift(agent)} {
+		if slices.Contains(strings.Split(programs, ","), p.Name) {
+			plan.Programs = append(plan.Programs, p)
+		}
+	}
+	if len(plan.Programs) == 0 {
+		return fmt.Errorf("-programs: want kube-proxy, proxyshift or both, got %q", programs)
+	}
 	plan.Dir, plan.Kubeconfig, plan.APIServer, plan.Logf = dir, env.Kubeconfig, host.Host, logf
 	results, runErr := bench.Run(ctx, lab, objs, plan)
 	report := bench.NewReport(results, time.Since(started))

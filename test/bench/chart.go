@@ -118,7 +118,8 @@ func (r *Report) latencyCDF(path, title, mode string, n int) (bool, error) {
 	p.X.Label.Text = "EndpointSlice write -> new endpoint answers (ms, log scale)"
 	p.Y.Label.Text = "fraction of changes"
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	p.Y.Min, p.Y.Max = 0, 1
+	// Above 1, room for the legend over the curves.
+	p.Y.Min, p.Y.Max = 0, 1.25
 	p.Legend.Top, p.Legend.Left = true, true
 	drawn := false
 	lo, hi := math.Inf(1), 0.0
