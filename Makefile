@@ -67,7 +67,7 @@ bench-vm: ## Run the IPVS, nftables and iptables benchmarks in the test VM (emul
 	PROXYSHIFT_VM_MEMORY="$${PROXYSHIFT_VM_MEMORY:-2048}" PROXYSHIFT_VM_TIMEOUT="$${PROXYSHIFT_VM_TIMEOUT:-3600}" hack/vm/run.sh
 
 .PHONY: bench
-bench: ## Benchmark the agent beside kube-proxy v1.37.2 (built once from its module), nftables and iptables, 1k/5k/10k Services, then the operator at 10k simulated nodes; writes docs/benchmarks.md; as root. BENCH_FLAGS="-sizes 1000 -modes nftables -operator-nodes 1000"
+bench: ## Benchmark the agent beside kube-proxy v1.37.2 (built once from its module), both with their shipped defaults, nftables and iptables, 1k/5k/10k Services, the agent's mode switch at 10k, then the operator at 10k simulated nodes; writes docs/benchmarks.md and its charts; as root. BENCH_FLAGS="-sizes 1000 -modes nftables -operator-nodes 1000"
 	@if [ "$$(id -u)" != 0 ]; then echo "make bench needs root: it creates network namespaces and programs netfilter inside them. Run: sudo make bench" >&2; exit 1; fi
 	hack/install-deps.sh
 	CGO_ENABLED=0 go build -o bin/proxyshift-agent ./cmd/agent

@@ -12,6 +12,24 @@
 // programs' metrics (kube-proxy's kubeproxy_sync_*, proxyshift's
 // proxyshift_sync_*) give the sync durations next to them.
 //
+// Both programs run as they ship: each gets only what the lab needs (the
+// mode, the kubeconfig, the node name, the cluster CIDR, and for
+// kube-proxy its metrics and health addresses and no conntrack sysctls),
+// listed in the report's header; proxyshift's agent follows its node's
+// ProxyNode, which the benchmark writes as the operator would.
+//
+// The mode switch (switch.go): at the largest size, after the other
+// figures, the benchmark switches the agent's node nftables -> iptables
+// -> nftables through the ProxyNode spec and times each switch from the
+// spec write, and from the status showing Preparing, until the status
+// says Active in the new mode, while a prober opens a new connection
+// through the rules every 5 ms and counts the failures.
+//
+// The report (report.go, chart.go) is Markdown tables with p50, p90,
+// p99, the maximum and the sample counts, and PNG charts drawn with
+// gonum/plot: first sync and peak RSS against Service count, and a
+// programming-latency CDF per mode and size for both programs.
+//
 // The lab (see Lab): the node namespace, where the program under test runs
 // (through `ip netns exec`), reaches the API server on the root
 // namespace's loopback through a relay listening on its own loopback; a

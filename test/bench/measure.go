@@ -42,11 +42,15 @@ type Result struct {
 	// answer; ConnectFailures counts those that did not (within 2 s).
 	ConnectFirst, ConnectLast []time.Duration
 	ConnectFailures           int
-	// PeakRSS is the program's peak resident set size, in bytes.
+	// PeakRSS is the program's peak resident set size, in bytes, before
+	// any mode switch.
 	PeakRSS int64
 	// Ruleset is the node's `nft list ruleset` once the first sync has
 	// settled (see MeasureRuleset).
 	Ruleset RulesetSize
+	// Switches are the mode switches measured after everything else
+	// (proxyshift only, at Plan.SwitchSize), or nil.
+	Switches *SwitchResult
 }
 
 // Plan says what Run measures.
@@ -79,6 +83,12 @@ type Plan struct {
 	Workers int
 	// Logf reports progress.
 	Logf func(format string, args ...any)
+	// ProxyNodes writes the ProxyNode of a program that follows one.
+	ProxyNodes *ProxyNodes
+	// SwitchSize is the Service count at which the node switches modes
+	// (in the run of Switch.Modes[0]); 0 measures no switch.
+	SwitchSize int
+	Switch     SwitchPlan
 }
 
 // Run creates the Services size by size and measures every program in
@@ -131,6 +141,11 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return res, err
 	}
 	defer node.Close()
+	if prog.FollowsProxyNode {
+		if err := plan.ProxyNodes.Reset(ctx, mode); err != nil {
+			return res, err
+		}
+	}
 	start := time.Now()
 	run, err := prog.Start(node, mode, dir, plan.Kubeconfig)
 	if err != nil {
@@ -218,6 +233,15 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	}
 	if res.PeakRSS, err = run.PeakRSS(); err != nil {
 		return fail(err)
+	}
+	if prog.FollowsProxyNode && n == plan.SwitchSize && len(plan.Switch.Modes) > 1 && mode == plan.Switch.Modes[0] {
+		// A switch that fails is reported with what was measured before
+		// it; the run goes on.
+		res.Switches, err = measureSwitches(ctx, node, plan.ProxyNodes, plan.Switch, n, plan.Logf)
+		if err != nil {
+			res.Switches.Err = fmt.Sprintf("%v (log: %s)", err, run.proc.Log)
+			plan.Logf("%s", res.Switches.Err)
+		}
 	}
 	return res, nil
 }

@@ -34,14 +34,24 @@ type Program struct {
 	// readyLine, if set, is the metrics line (with %s for the mode) that
 	// says the program has finished starting up.
 	readyLine string
+	// metricsAddr is where its metrics answer in the node namespace.
+	metricsAddr string
+	// FollowsProxyNode says the program takes its mode from the node's
+	// ProxyNode, which the benchmark creates before starting it.
+	FollowsProxyNode bool
 }
 
-// The programs' metrics and health endpoints, on the node namespace's
-// loopback (the same for both, since they never run at once).
+// kube-proxy's metrics and health endpoints: the lab sets its
+// metricsBindAddress (default 127.0.0.1:10249) and healthzBindAddress
+// (default 0.0.0.0:10256) to the node namespace's loopback, where the
+// benchmark reads them.
 const (
-	metricsAddr = "127.0.0.1:10249"
-	healthzAddr = "127.0.0.1:10256"
+	kubeProxyMetricsAddr = "127.0.0.1:10249"
+	kubeProxyHealthzAddr = "127.0.0.1:10256"
 )
+
+// proxyshiftMetricsAddr is the agent's default --metrics-bind-address.
+const proxyshiftMetricsAddr = "127.0.0.1:10265"
 
 // Both programs run with their shipped sync pacing: no minSyncPeriod and
 // no syncPeriod is passed, so each uses its default (1 s and 30 s for
@@ -63,7 +73,7 @@ const (
 // (nf_conntrack_max is not per namespace). Everything else, the sync
 // periods included, is kube-proxy's default.
 func KubeProxy(path string) Program {
-	return Program{Name: "kube-proxy", Path: path, syncMetric: "kubeproxy_sync_proxy_rules_duration_seconds",
+	return Program{Name: "kube-proxy", Path: path, syncMetric: "kubeproxy_sync_proxy_rules_duration_seconds", metricsAddr: kubeProxyMetricsAddr,
 		args: func(mode, dir string) ([]string, error) {
 			cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -78,7 +88,7 @@ healthzBindAddress: %s
 conntrack:
   maxPerCore: 0
   min: 0
-`, filepath.Join(dir, "kubeconfig"), mode, NodeName, EndpointCIDR, metricsAddr, healthzAddr)
+`, filepath.Join(dir, "kubeconfig"), mode, NodeName, EndpointCIDR, kubeProxyMetricsAddr, kubeProxyHealthzAddr)
 			file := filepath.Join(dir, "kube-proxy.yaml")
 			if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 				return nil, err
@@ -87,24 +97,50 @@ conntrack:
 		}}
 }
 
-// Proxyshift is proxyshift's agent at path, standalone (no ProxyNode) in
-// the mode, with the same settings as kube-proxy: these flags and no
-// other, so that everything else (the sync periods included) is the
-// agent's default: --kubeconfig, --node-name, --proxynode=false, --mode,
-// --cluster-cidr, --metrics-bind-address, --healthz-bind-address, -v=1.
+// Proxyshift is proxyshift's agent at path as it ships: following the
+// node's ProxyNode (the default --proxynode=true), whose spec the
+// benchmark writes as the operator would (desiredMode, a configRef), and
+// whose status the agent writes. It gets only what the lab needs, the
+// same as kube-proxy: --kubeconfig, --node-name, --mode (the same mode
+// the ProxyNode asks for), --cluster-cidr and -v=1. Everything else is
+// the agent's default: the sync periods, its metrics on 127.0.0.1:10265,
+// its health endpoints on 0.0.0.0:10266 and, as kube-proxy's stand-in,
+// 0.0.0.0:10256 (all inside the node namespace).
 func Proxyshift(path string) Program {
 	return Program{Name: "proxyshift", Path: path, syncMetric: "proxyshift_sync_proxy_rules_duration_seconds",
+		metricsAddr: proxyshiftMetricsAddr, FollowsProxyNode: true,
 		// The agent verifies a mode before it calls the switch done.
 		readyLine: `proxyshift_node_phase{mode="%s",phase="Active"} 1`,
 		args: func(mode, dir string) ([]string, error) {
 			return []string{
 				"--kubeconfig", filepath.Join(dir, "kubeconfig"), "--node-name", NodeName,
-				"--proxynode=false", "--mode", mode, "--cluster-cidr", EndpointCIDR.String(),
-				"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr, "-v=1",
-				// Its own health endpoint takes kube-proxy's address here.
-				"--kube-proxy-healthz-bind-address=",
+				"--mode", mode, "--cluster-cidr", EndpointCIDR.String(), "-v=1",
 			}, nil
 		}}
+}
+
+// Flags is the command line the program runs with in mode (the
+// configuration file's path as "<dir>"), for the report.
+func (p Program) Flags(mode string) string {
+	dir, err := os.MkdirTemp("", "proxyshift-bench-flags-")
+	if err != nil {
+		return "?"
+	}
+	defer os.RemoveAll(dir)
+	args, err := p.args(mode, dir)
+	if err != nil {
+		return "?"
+	}
+	out := strings.Join(args, " ")
+	// A configuration file the program is given is shown too.
+	for _, a := range args {
+		if strings.HasPrefix(a, dir) {
+			if b, err := os.ReadFile(a); err == nil {
+				out += "\n" + strings.TrimRight(string(b), "\n")
+			}
+		}
+	}
+	return strings.ReplaceAll(out, dir, "<dir>")
 }
 
 // Running is a program started in a node namespace.
@@ -202,7 +238,7 @@ func (h Histogram) Mean() time.Duration {
 
 // metrics fetches the program's metrics page.
 func (r *Running) metrics(ctx context.Context) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.Program.metricsAddr+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -6,10 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
 // Report is a finished run: its results and the machine they were taken on.
@@ -18,6 +21,17 @@ type Report struct {
 	Elapsed time.Duration
 	Machine string
 	Date    time.Time
+	// Flags are each program's command line (and configuration file),
+	// listed in the report's header.
+	Flags []ProgramFlags
+	// Extra are further Markdown sections (each with its own "###"
+	// heading) placed after the tables: the operator benchmark's, say.
+	Extra []string
+}
+
+// ProgramFlags is what a program was started with.
+type ProgramFlags struct {
+	Program, Flags string
 }
 
 // NewReport describes the results with the machine they were taken on.
@@ -283,6 +297,12 @@ func lastOverFirst(r Result) float64 {
 func (r *Report) Markdown() string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "Measured on %s by `make bench` (%s wall in all): %s.\n", r.Date.Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(time.Second), r.Machine)
+	if len(r.Flags) > 0 {
+		fmt.Fprintln(&b, "\nEvery flag each program was started with (`<mode>` is the mode measured; nothing else is set, so every other setting is the program's default):")
+		for _, f := range r.Flags {
+			fmt.Fprintf(&b, "\n%s:\n\n```\n%s\n```\n", f.Program, f.Flags)
+		}
+	}
 	for _, mode := range r.modes() {
 		fmt.Fprintf(&b, "\n### %s mode\n\n", mode)
 		fmt.Fprintln(&b, "| | kube-proxy | proxyshift | ratio | target |")
@@ -295,7 +315,92 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", rw.what, rw.kp, rw.ps, rw.ratio, target)
 		}
 	}
+	for _, res := range r.Results {
+		if res.Switches != nil {
+			b.WriteString(switchMarkdown(res.Switches))
+		}
+	}
+	for _, x := range r.Extra {
+		b.WriteString("\n" + strings.TrimRight(x, "\n") + "\n")
+	}
 	return b.String()
+}
+
+// SwitchTarget is the issue's bound on one node's mode switch at 10k
+// Services (Preparing -> Active).
+const SwitchTarget = 3 * time.Second
+
+// switchMarkdown is the mode-switch section: per direction, the time
+// from the spec write and from Preparing to Active (p50 and max, with
+// the count), the time spent in each phase (mean), and the prober's new
+// connections and failures during all of the switches.
+func switchMarkdown(s *SwitchResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### mode switch, one node, %d services\n\n", s.Services)
+	fmt.Fprintln(&b, "The agent runs in the first mode; the benchmark writes the ProxyNode spec (desiredMode, a new configRef generation) as the operator would and watches its status until the agent reports Active in the new mode for that generation. Meanwhile a prober in the node namespace opens a new TCP connection every 5 ms through the service rules, round robin to three Services (the first, a middle and the last ordinary one), each given "+fmtDuration(ProbeTimeout)+" to connect and answer.")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| switch | switches | spec written -> Active p50 | max | Preparing -> Active p50 | max | time in each phase (mean) | target |")
+	fmt.Fprintln(&b, "| --- | --- | --- | --- | --- | --- | --- | --- |")
+	for _, d := range directions(s.Switches) {
+		took, prep := s.Took(d[0], d[1], false), s.Took(d[0], d[1], true)
+		fmt.Fprintf(&b, "| %s -> %s | %d | %s | %s | %s | %s | %s | Preparing -> Active <= %s: %s |\n", d[0], d[1], len(took),
+			fmtDuration(Percentile(took, 50)), fmtDuration(Percentile(took, 100)),
+			fmtDuration(Percentile(prep, 50)), fmtDuration(Percentile(prep, 100)),
+			phaseMeans(s.Switches, d[0], d[1]), fmtDuration(SwitchTarget), metText(Percentile(prep, 100) <= SwitchTarget))
+	}
+	fmt.Fprintf(&b, "\nNew connections during the switches: %d opened, %d failed (target 0: %s).\n", s.Connects, s.Failures, metText(s.Failures == 0 && s.Connects > 0))
+	for _, f := range s.FailureSample {
+		fmt.Fprintf(&b, "- failed: %s\n", f)
+	}
+	if s.Err != "" {
+		fmt.Fprintf(&b, "\nThe switches stopped early: %s\n", s.Err)
+	}
+	return b.String()
+}
+
+// directions lists the (from, to) pairs of the switches, in order of
+// appearance.
+func directions(sws []Switch) [][2]string {
+	var out [][2]string
+	for _, sw := range sws {
+		d := [2]string{sw.From, sw.To}
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// phaseMeans is the mean time the switches from -> to spent in each
+// phase the status showed before Active ("Preparing 1.2 s, ..."),
+// counting the first phase from the spec write.
+func phaseMeans(sws []Switch, from, to string) string {
+	var order []v1alpha1.NodePhase
+	sum := map[v1alpha1.NodePhase]time.Duration{}
+	count := 0
+	for _, sw := range sws {
+		if sw.From != from || sw.To != to {
+			continue
+		}
+		count++
+		var prev time.Duration
+		var prevPhase v1alpha1.NodePhase = "before the first phase"
+		for _, p := range append(slices.Clone(sw.Phases), PhaseAt{Phase: v1alpha1.NodeActive, At: sw.Took}) {
+			if !slices.Contains(order, prevPhase) {
+				order = append(order, prevPhase)
+			}
+			sum[prevPhase] += p.At - prev
+			prev, prevPhase = p.At, p.Phase
+			if p.Phase == v1alpha1.NodeActive {
+				break
+			}
+		}
+	}
+	var parts []string
+	for _, ph := range order {
+		parts = append(parts, fmt.Sprintf("%s %s", ph, fmtDuration(sum[ph]/time.Duration(count))))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Section markers in the Markdown file WriteInto updates.
@@ -304,21 +409,27 @@ const (
 	endMarker   = "<!-- make bench: end -->"
 )
 
-// ChartName is the chart's file name, next to the Markdown file.
+// ChartName is the first chart's file name (first full sync), next to
+// the Markdown file; the others are named in Charts.
 const ChartName = "benchmarks-kube-proxy.png"
 
 // WriteInto replaces the part of the Markdown file at path between the
-// markers (appending them when missing) with the report and a link to
-// the chart, which it renders next to the file.
+// markers (appending them when missing) with the report and links to
+// the charts, which it renders next to the file.
 func (r *Report) WriteInto(path string) error {
-	if err := r.Chart(filepath.Join(filepath.Dir(path), ChartName)); err != nil {
+	charts, err := r.Charts(filepath.Dir(path))
+	if err != nil {
 		return err
 	}
 	old, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	section := beginMarker + "\n" + r.Markdown() + "\n![First full sync against Service count](" + ChartName + ")\n" + endMarker
+	section := beginMarker + "\n" + r.Markdown() + "\n### charts\n"
+	for _, c := range charts {
+		section += "\n![" + c.Title + "](" + c.File + ")\n"
+	}
+	section += endMarker
 	doc := string(old)
 	i, j := strings.Index(doc, beginMarker), strings.Index(doc, endMarker)
 	if i >= 0 && j > i {

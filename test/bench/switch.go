@@ -1,0 +1,344 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
+)
+
+// A mode switch is driven as the operator drives one: the benchmark
+// writes the node's ProxyNode spec (desiredMode and a new configRef
+// generation) and watches its status until the agent reports Active in
+// the new mode for that generation. Meanwhile a prober in the node
+// namespace opens new connections through the service rules and counts
+// those that fail.
+
+// SwitchConfigName is the configRef name the benchmark's ProxyNode specs
+// carry (no ProxyConfig of that name exists: no operator runs).
+const SwitchConfigName = "bench"
+
+// ProxyNodes writes the benchmark node's ProxyNode spec and watches its
+// status.
+type ProxyNodes struct {
+	c   client.WithWatch
+	gen int64
+}
+
+// NewProxyNodes returns a ProxyNodes for the API server cfg reaches.
+func NewProxyNodes(cfg *rest.Config) (*ProxyNodes, error) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	return &ProxyNodes{c: c}, nil
+}
+
+// Reset deletes the node's ProxyNode (status included) and creates it
+// anew asking for mode, as the operator does for a node it manages: each
+// run's agent starts on a fresh node and reads nothing a previous run's
+// agent reported.
+func (p *ProxyNodes) Reset(ctx context.Context, mode string) error {
+	old := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: NodeName}}
+	if err := p.c.Delete(ctx, old); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete ProxyNode: %w", err)
+	}
+	p.gen++
+	pn := &v1alpha1.ProxyNode{
+		ObjectMeta: metav1.ObjectMeta{Name: NodeName},
+		Spec:       v1alpha1.ProxyNodeSpec{DesiredMode: v1alpha1.ProxyMode(mode), ConfigRef: &v1alpha1.ConfigReference{Name: SwitchConfigName, Generation: p.gen}},
+	}
+	for {
+		err := p.c.Create(ctx, pn)
+		if !apierrors.IsAlreadyExists(err) {
+			if err != nil {
+				return fmt.Errorf("create ProxyNode: %w", err)
+			}
+			return nil
+		}
+		// The deletion has not finished yet.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// desire writes spec.desiredMode with a new configRef generation and
+// returns the generation and the resource version written.
+func (p *ProxyNodes) desire(ctx context.Context, mode string) (int64, string, error) {
+	p.gen++
+	for i := 0; ; i++ {
+		pn := &v1alpha1.ProxyNode{}
+		if err := p.c.Get(ctx, client.ObjectKey{Name: NodeName}, pn); err != nil {
+			return 0, "", err
+		}
+		pn.Spec.DesiredMode = v1alpha1.ProxyMode(mode)
+		pn.Spec.ConfigRef = &v1alpha1.ConfigReference{Name: SwitchConfigName, Generation: p.gen}
+		err := p.c.Update(ctx, pn)
+		if err == nil {
+			return p.gen, pn.ResourceVersion, nil
+		}
+		if !apierrors.IsConflict(err) || i > 10 {
+			return 0, "", fmt.Errorf("write ProxyNode spec: %w", err)
+		}
+	}
+}
+
+// PhaseAt is a phase the ProxyNode status showed, and when the watch
+// saw it first, from the spec write.
+type PhaseAt struct {
+	Phase v1alpha1.NodePhase
+	At    time.Duration
+}
+
+// Switch is one measured mode switch.
+type Switch struct {
+	From, To string
+	// Took is from the spec write until the status says Active in To for
+	// the written generation (what the operator waits for).
+	Took time.Duration
+	// Phases are the phases the status went through, in order.
+	Phases []PhaseAt
+}
+
+// PreparingToActive is the time from the status first showing Preparing
+// until Active (the switch as the agent reports it); Took when the
+// watch never saw Preparing.
+func (s Switch) PreparingToActive() time.Duration {
+	for _, p := range s.Phases {
+		if p.Phase == v1alpha1.NodePreparing {
+			return s.Took - p.At
+		}
+	}
+	return s.Took
+}
+
+// SwitchResult is the switches of one node, and the prober's count of
+// new connections during them.
+type SwitchResult struct {
+	Services int
+	Switches []Switch
+	// Connects is the number of new connections the prober opened while
+	// the switches ran; Failures those that got no answer (within
+	// ProbeTimeout), FailureSample the first failures' errors.
+	Connects, Failures int
+	FailureSample      []string
+	// Err says why the switches stopped early ("" when all were made).
+	Err string
+}
+
+// Took lists the durations of the switches from one mode to another.
+func (r *SwitchResult) Took(from, to string, preparing bool) []time.Duration {
+	var out []time.Duration
+	for _, s := range r.Switches {
+		if s.From == from && s.To == to {
+			if preparing {
+				out = append(out, s.PreparingToActive())
+			} else {
+				out = append(out, s.Took)
+			}
+		}
+	}
+	return out
+}
+
+// switchTo writes the desire for mode and waits (up to timeout) until
+// the status reports Active in it for that generation, recording the
+// phases on the way.
+func (p *ProxyNodes) switchTo(ctx context.Context, from, mode string, timeout time.Duration) (Switch, error) {
+	sw := Switch{From: from, To: mode}
+	cur := &v1alpha1.ProxyNode{}
+	if err := p.c.Get(ctx, client.ObjectKey{Name: NodeName}, cur); err != nil {
+		return sw, err
+	}
+	// Watch from before the write, so that no phase is missed.
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	w, err := p.c.Watch(wctx, &v1alpha1.ProxyNodeList{}, client.MatchingFields{"metadata.name": NodeName}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: cur.ResourceVersion}})
+	if err != nil {
+		return sw, fmt.Errorf("watch ProxyNode: %w", err)
+	}
+	defer w.Stop()
+	start := time.Now()
+	gen, _, err := p.desire(ctx, mode)
+	if err != nil {
+		return sw, err
+	}
+	// Phases are recorded as they change from the one before the write
+	// (the agent reports a phase before it echoes the new generation).
+	last := cur.Status.Phase
+	var lastStatus v1alpha1.ProxyNodeStatus
+	for {
+		select {
+		case <-wctx.Done():
+			return sw, fmt.Errorf("%w: not Active in %s for generation %d within %s; last status: phase %s, active %s, conditions %v",
+				errTimeout, mode, gen, timeout, lastStatus.Phase, lastStatus.ActiveMode, lastStatus.Conditions)
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return sw, errors.New("the ProxyNode watch ended")
+			}
+			if ev.Type == watch.Error {
+				return sw, fmt.Errorf("ProxyNode watch: %v", apierrors.FromObject(ev.Object))
+			}
+			pn, ok := ev.Object.(*v1alpha1.ProxyNode)
+			if !ok {
+				continue
+			}
+			st := pn.Status
+			lastStatus = st
+			if st.Phase != last {
+				last = st.Phase
+				sw.Phases = append(sw.Phases, PhaseAt{Phase: st.Phase, At: time.Since(start)})
+			}
+			if st.ObservedConfig == nil || st.ObservedConfig.Generation != gen {
+				continue // not yet acted on
+			}
+			switch {
+			case st.Phase == v1alpha1.NodeFailed:
+				return sw, fmt.Errorf("the switch to %s failed: %v", mode, st.Conditions)
+			case st.Phase == v1alpha1.NodeActive && string(st.ActiveMode) == mode:
+				sw.Took = time.Since(start)
+				return sw, nil
+			}
+		}
+	}
+}
+
+// SwitchPlan says how the switches are measured.
+type SwitchPlan struct {
+	// Modes are walked in turn from the first, Rounds times, and back to
+	// the first: nftables,iptables with 3 rounds is 3 switches each way.
+	Modes  []string
+	Rounds int
+	// Timeout bounds each switch.
+	Timeout time.Duration
+	// ProbeEvery spaces the prober's new connections.
+	ProbeEvery time.Duration
+}
+
+// ProbeTimeout bounds each of the prober's connections (connect and
+// answer): a connection that takes longer counts as failed.
+const ProbeTimeout = time.Second
+
+// measureSwitches switches the node between the plan's modes while a
+// prober opens new connections to a few of the n Services through the
+// rules; the node must be Active in Modes[0].
+func measureSwitches(ctx context.Context, node *Node, pns *ProxyNodes, sp SwitchPlan, n int, logf func(string, ...any)) (*SwitchResult, error) {
+	res := &SwitchResult{Services: n}
+	targets := []netip.AddrPort{ServiceAddr(FirstOrdinary()), ServiceAddr((FirstOrdinary() + LastOrdinary(n)) / 2), ServiceAddr(LastOrdinary(n))}
+	pr := startProber(ctx, node, targets, sp.ProbeEvery)
+	var err error
+	from := sp.Modes[0]
+	for range sp.Rounds {
+		for i := range sp.Modes {
+			to := sp.Modes[(i+1)%len(sp.Modes)]
+			var sw Switch
+			if sw, err = pns.switchTo(ctx, from, to, sp.Timeout); err != nil {
+				err = fmt.Errorf("switch %s -> %s: %w", from, to, err)
+				break
+			}
+			logf("switch %s -> %s at %d services: %s (Preparing -> Active %s), phases %s", from, to, n, round(sw.Took), round(sw.PreparingToActive()), phaseText(sw.Phases))
+			res.Switches = append(res.Switches, sw)
+			from = to
+		}
+		if err != nil {
+			break
+		}
+	}
+	res.Connects, res.Failures, res.FailureSample = pr.stop()
+	return res, err
+}
+
+func phaseText(ps []PhaseAt) string {
+	s := ""
+	for i, p := range ps {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%s@%s", p.Phase, round(p.At))
+	}
+	return s
+}
+
+// prober opens a new connection every few milliseconds, round robin over
+// its targets, each in its own goroutine (at most 32 at once), and
+// counts those that get no answer.
+type prober struct {
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	connects atomic.Int64
+	mu       sync.Mutex
+	failures int
+	sample   []string
+}
+
+func startProber(ctx context.Context, node *Node, targets []netip.AddrPort, every time.Duration) *prober {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &prober{cancel: cancel}
+	slots := make(chan struct{}, 32)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			target := targets[i%len(targets)]
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer func() { <-slots }()
+				// The answer is read with a context that outlives the
+				// prober's stop: a connection started is counted.
+				_, _, err := node.Ask(context.WithoutCancel(ctx), target, ProbeTimeout)
+				p.connects.Add(1)
+				if err != nil {
+					p.mu.Lock()
+					p.failures++
+					if len(p.sample) < 5 {
+						p.sample = append(p.sample, fmt.Sprintf("%s: %v", target, err))
+					}
+					p.mu.Unlock()
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// stop ends the prober, waits for the connections under way, and
+// returns the counts.
+func (p *prober) stop() (connects, failures int, sample []string) {
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int(p.connects.Load()), p.failures, p.sample
+}
