@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/proxyshift/proxyshift/test/cluster"
+	"github.com/proxyshift/proxyshift/test/controlplane"
 )
 
 // Program is one of the two service proxies under test.
@@ -204,17 +204,7 @@ func (r *Running) PeakRSS() (int64, error) {
 	if pid == 0 {
 		return 0, fmt.Errorf("%s is not running", r.Program.Name)
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb * 1024, err
-		}
-	}
-	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+	return controlplane.PeakRSS(pid)
 }
 
 // Histogram is a histogram's running count and sum.
