@@ -661,11 +661,17 @@ func (s *Switcher) verify(ctx context.Context, step Step) error {
 //
 // Endpoints come and go while a node switches (a pod is replaced, an
 // operator restarts): a baseline target that does not answer is looked
-// at again twice, a second apart, from the model as it is then. One whose
+// at again up to verifyRechecks times, a second apart, from the model as
+// it is then (a deleted pod's process can stop answering seconds before
+// its endpoint's terminating state reaches the model). One whose
 // service port has no endpoints now, or other endpoints than at the
 // baseline, is excused (the old mode would not answer as before either);
 // the others are probed again, and fail the switch if they still do not
 // answer.
+// verifyRechecks is how many times probeRequired looks again, a second
+// apart, at baseline targets that do not answer.
+const verifyRechecks = 5
+
 func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) error {
 	targets := s.targets()
 	s.mu.Lock()
@@ -689,7 +695,7 @@ func (s *Switcher) probeRequired(ctx context.Context, mode v1alpha1.ProxyMode) e
 		case !baselineSet:
 			klog.InfoS("Some services did not answer from the node (no earlier mode to compare with)", "mode", mode, "failures", f)
 			return nil
-		case round == 2:
+		case round == verifyRechecks:
 			return fmt.Errorf("services that answered before did not answer from the node with %s programmed: %s", mode, f)
 		}
 		select {
