@@ -14,7 +14,7 @@
 #
 # Environment:
 #   PROXYSHIFT_VM_KVM=1        use KVM instead of TCG emulation (opt-in)
-#   PROXYSHIFT_VM_TIMEOUT=2400 seconds before the VM is killed
+#   PROXYSHIFT_VM_TIMEOUT=3300 seconds before the VM is killed
 #   PROXYSHIFT_VM_MEMORY=512   MiB of guest memory (default 1024 when a
 #                              package needs the API server)
 #   PROXYSHIFT_VM_TEST_TIMEOUT=DURATION  each package's -test.timeout
@@ -34,7 +34,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 CACHE_ROOT="${PROXYSHIFT_CACHE:-$HOME/.cache/proxyshift}"
 VM_CACHE="$CACHE_ROOT/vm"
-TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-2400}"
+TIMEOUT="${PROXYSHIFT_VM_TIMEOUT:-3300}"
 MEMORY="${PROXYSHIFT_VM_MEMORY:-}" # default: 512, 1024 with the API server
 LOG="${PROXYSHIFT_VM_LOG:-$VM_CACHE/serial.log}"
 # The guest's user-mode network and the API server's address on it
