@@ -26,11 +26,7 @@ func changeKubeProxyMode(t *testing.T, c *Cluster, cl client.Client, name string
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A failed check must not leave the ProxyConfig selecting every node
-	// for the next test.
-	t.Cleanup(func() {
-		_ = cl.Delete(context.WithoutCancel(t.Context()), &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	})
+	deleteConfigAtEnd(t, cl, name)
 	stage := ""
 	s, err := e2e.WaitDone(t.Context(), cl, name, gen, 10*time.Minute, func(s e2e.Snapshot) {
 		if b := s.Config.Status.KubeProxyBridge; b != nil && string(b.Stage) != stage {

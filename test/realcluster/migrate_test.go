@@ -22,6 +22,15 @@ import (
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
+// deleteConfigAtEnd deletes ProxyConfig name when the test ends, so that
+// a failed check does not leave it selecting every node for the next
+// test (whose ProxyConfig would then only report a Conflict).
+func deleteConfigAtEnd(t *testing.T, cl client.Client, name string) {
+	t.Cleanup(func() {
+		_ = cl.Delete(context.WithoutCancel(t.Context()), &v1alpha1.ProxyConfig{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	})
+}
+
 // rollout applies mode and waits for the rollout to finish, logging each
 // change of the picture (and handing it to onChange).
 func rollout(t *testing.T, c *Cluster, cl client.Client, name string, mode v1alpha1.ProxyMode, onChange func(e2e.Snapshot)) e2e.Snapshot {
@@ -31,6 +40,7 @@ func rollout(t *testing.T, c *Cluster, cl client.Client, name string, mode v1alp
 	if err != nil {
 		t.Fatal(err)
 	}
+	deleteConfigAtEnd(t, cl, name)
 	s, err := e2e.WaitDone(t.Context(), cl, name, gen, 10*time.Minute, func(s e2e.Snapshot) {
 		t.Logf("%6.1fs %s", time.Since(start).Seconds(), s.Line())
 		if onChange != nil {
