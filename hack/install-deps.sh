@@ -12,6 +12,8 @@ declare -A PACKAGES=(
   [nft]=nftables
   [ipset]=ipset
   [pgrep]=procps
+  # Tests read the node's connection-tracking table back with it.
+  [conntrack]=conntrack
   # The real-node cluster (test/realcluster): Debian's runc and CNI plugins
   # run under the containerd built by hack/realcluster.sh.
   [runc]=runc
