@@ -8,6 +8,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // The benchmarks program a real kernel, in a network namespace of their
@@ -54,13 +55,7 @@ func BenchmarkFullSync(b *testing.B) {
 // endpoint of one service changed.
 func BenchmarkOneEndpointChange(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		ns := kernelNS(b, v)
-		be := newKernelBackend(b, ns, v)
-		m := dt.BenchModel(n)
-		ctx := context.Background()
-		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			b.Fatal(err)
-		}
+		be, m := syncedBackend(b, v, n)
 		dt.EndpointChanges(b, be, m)
 	})
 }
@@ -69,17 +64,22 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 // model: the tables read back and compared, nothing written.
 func BenchmarkResync(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		ns := kernelNS(b, v)
-		be := newKernelBackend(b, ns, v)
-		m := dt.BenchModel(n)
-		ctx := context.Background()
-		if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			b.Fatal(err)
-		}
+		be, m := syncedBackend(b, v, n)
 		for b.Loop() {
-			if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
+			if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+}
+
+// syncedBackend is a backend of variant v in a namespace of its own,
+// holding the benchmark model of n services after one full sync.
+func syncedBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapshot) {
+	be := newKernelBackend(b, kernelNS(b, v), v)
+	m := dt.BenchModel(n)
+	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		b.Fatal(err)
+	}
+	return be, m
 }
