@@ -316,13 +316,19 @@ func (w *world) targets() []netip.AddrPort {
 	return out
 }
 
+// spreadConnections is how many connections requireTraffic makes per
+// target. With four pods chosen at random, the chance that one of them
+// gets none is 4 * (3/4)^n: about 0.4% for 24 connections, which over
+// the test's 15 checks failed one CI run in twenty; for 64 it is 4e-8.
+const spreadConnections = 64
+
 // requireTraffic fails unless, through every target, every connection is
 // answered and every pod answers.
 func (w *world) requireTraffic(t *testing.T) {
 	t.Helper()
 	for _, target := range w.targets() {
-		tally := w.client.NS.Spread(netlab.TCP, target, 24, 2*time.Second)
-		if len(tally.Answers) != len(w.pods) || tally.Answered() != 24 {
+		tally := w.client.NS.Spread(netlab.TCP, target, spreadConnections, 2*time.Second)
+		if len(tally.Answers) != len(w.pods) || tally.Answered() != spreadConnections {
 			t.Errorf("%s: %v; want every connection answered, by all %d pods", target, tally, len(w.pods))
 		}
 	}
