@@ -25,6 +25,8 @@
 #   PROXYSHIFT_VM_BENCH=REGEXP also the benchmarks matching REGEXP
 #                              (-test.bench; make bench-vm sets it)
 #   PROXYSHIFT_VM_BENCHTIME=N  their -test.benchtime (default 1x)
+#   PROXYSHIFT_VM_ENV="K=V ..." environment variables for the tests in the
+#                              VM (make bench-vm sets test/vmbench's sizes)
 #   PROXYSHIFT_VM_LOG=FILE     where to keep the serial log
 #                              (default ~/.cache/proxyshift/vm/serial.log)
 #   PROXYSHIFT_VM_KVER=...     another kernel of Debian's archive
@@ -92,9 +94,11 @@ for pkg in "${packages[@]}"; do
 done
 
 # The agent binary, static, for packages that run it as a process
-# (test/vmcluster): /usr/sbin/proxyshift-agent. It and their test
-# binaries need more memory than the others (the initramfs is held twice
-# while it is unpacked).
+# (test/vmcluster, test/vmbench): /usr/sbin/proxyshift-agent; and
+# kube-proxy (hack/kube-proxy.sh, static), which test/vmbench measures
+# beside it: /usr/sbin/kube-proxy. They and their test binaries need more
+# memory than the others (the initramfs is held twice while it is
+# unpacked).
 if [ -z "$MEMORY" ]; then
   MEMORY=512
   [ -z "${apiserver:-}" ] || MEMORY=1024
@@ -103,6 +107,7 @@ if [ -n "${apiserver:-}" ]; then
   mkdir -p "$root/usr/sbin"
   log "building cmd/agent"
   CGO_ENABLED=0 go build -o "$root/usr/sbin/proxyshift-agent" ./cmd/agent
+  cp "$(hack/kube-proxy.sh)" "$root/usr/sbin/kube-proxy"
 fi
 
 # busybox, with a link per applet (not to itself).
@@ -203,6 +208,12 @@ fi
 if [ -n "${PROXYSHIFT_VM_TEST_TIMEOUT:-}" ]; then
   append+=" proxyshift.timeout=$PROXYSHIFT_VM_TEST_TIMEOUT"
 fi
+for kv in ${PROXYSHIFT_VM_ENV:-}; do
+  case "$kv" in
+    [A-Z_]*=*) append+=" proxyshift.env=$kv" ;;
+    *) log "PROXYSHIFT_VM_ENV: want NAME=VALUE words, got $kv"; exit 1 ;;
+  esac
+done
 if [ -n "${PROXYSHIFT_VM_BENCH:-}" ]; then
   append+=" proxyshift.bench=$PROXYSHIFT_VM_BENCH proxyshift.benchtime=${PROXYSHIFT_VM_BENCHTIME:-1x}"
 fi

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -19,6 +20,9 @@ const NodeName = "bench-node"
 
 // namespace holds the benchmark's Services.
 const namespace = "default"
+
+// managedBy is the managed-by label of the benchmark's EndpointSlices.
+const managedBy = "proxyshift-bench"
 
 // ProbeServices is how many Services (the first ones) have a single
 // endpoint, which the endpoint changes move: a connection to such a
@@ -59,6 +63,26 @@ func NewObjects(ctx context.Context, kube kubernetes.Interface) (*Objects, error
 		return nil, fmt.Errorf("set the Node's InternalIP: %w", err)
 	}
 	return &Objects{kube: kube}, nil
+}
+
+// Remove deletes what the benchmark created: its Services, their
+// EndpointSlices and the Node, so that an API server shared with other
+// tests (the test VM's) is left as it was found.
+func (o *Objects) Remove(ctx context.Context) error {
+	var errs []error
+	for i := range o.count {
+		if err := o.kube.CoreV1().Services(namespace).Delete(ctx, ServiceName(i), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	selector := metav1.ListOptions{LabelSelector: discoveryv1.LabelManagedBy + "=" + managedBy}
+	if err := o.kube.DiscoveryV1().EndpointSlices(namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, selector); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.kube.CoreV1().Nodes().Delete(ctx, NodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Count is the number of Services created.
@@ -176,7 +200,7 @@ func slice(i int, eps []netip.Addr) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: ServiceName(i) + "-1", Namespace: namespace,
-			Labels: map[string]string{discoveryv1.LabelServiceName: ServiceName(i), discoveryv1.LabelManagedBy: "proxyshift-bench"},
+			Labels: map[string]string{discoveryv1.LabelServiceName: ServiceName(i), discoveryv1.LabelManagedBy: managedBy},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},

@@ -50,6 +50,15 @@ func NewProxyNodes(cfg *rest.Config) (*ProxyNodes, error) {
 	return &ProxyNodes{c: c}, nil
 }
 
+// Remove deletes the node's ProxyNode.
+func (p *ProxyNodes) Remove(ctx context.Context) error {
+	err := p.c.Delete(ctx, &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: NodeName}})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
 // Reset deletes the node's ProxyNode (status included) and creates it
 // anew asking for mode, as the operator does for a node it manages: each
 // run's agent starts on a fresh node and reads nothing a previous run's
