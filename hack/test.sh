@@ -18,8 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The control plane first (a cold run builds it): both suites use it
-# (the VM's cluster test reaches an API server on the host).
+# (the VM's cluster test reaches an API server on the host). Then
+# kube-proxy, which the VM's benchmark test runs and the real-node
+# cluster too: built once here, not by both at the same time.
 assets="$(hack/controlplane.sh)"
+hack/kube-proxy.sh > /dev/null
 vm_out="$(mktemp "${TMPDIR:-/tmp}/proxyshift-vm.XXXXXX")"
 setsid hack/vm/run.sh > "$vm_out" 2>&1 &
 vm_pid=$!

@@ -59,7 +59,7 @@ type settings struct {
 }
 
 func settingsFromEnv(t *testing.T) settings {
-	s := settings{sizes: []int{100}, changes: 5, connects: 20, syncTimeout: 5 * time.Minute, changeTimeout: 3 * time.Minute}
+	s := settings{sizes: []int{100}, changes: 3, connects: 20, syncTimeout: 5 * time.Minute, changeTimeout: 3 * time.Minute}
 	if v := os.Getenv("PROXYSHIFT_VMBENCH_SIZES"); v != "" {
 		s.sizes = nil
 		for _, f := range strings.Split(v, ",") {
