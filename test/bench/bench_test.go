@@ -128,6 +128,31 @@ func TestReportTargets(t *testing.T) {
 	}
 }
 
+// TestReportIPVSHasNoTargets checks that the IPVS rows (test/vmbench,
+// measured under emulation) carry no target, iptables' included, and that
+// the header names the command that measured them.
+func TestReportIPVSHasNoTargets(t *testing.T) {
+	var results []Result
+	for _, r := range sampleResults() {
+		if r.Mode == "iptables" {
+			r.Mode = "ipvs"
+			results = append(results, r)
+		}
+	}
+	md := (&Report{Results: results, Command: "make bench-vm"}).Markdown()
+	if !strings.Contains(md, "by `make bench-vm`") || !strings.Contains(md, "### ipvs mode") {
+		t.Errorf("report lacks its command or its mode:\n%s", md)
+	}
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "| ") && !strings.HasSuffix(line, "|  |") && !strings.HasPrefix(line, "| |") && !strings.HasPrefix(line, "| ---") {
+			t.Errorf("IPVS row carries a target: %s", line)
+		}
+	}
+	if !strings.Contains(md, "| programming latency p99, 10000 services | 1.50 s | 600.0 ms | 0.40 |  |") {
+		t.Errorf("report lacks the IPVS latency row:\n%s", md)
+	}
+}
+
 // TestWriteIntoReplacesItsSection checks that a second write replaces the
 // first one's section and leaves the rest of the file alone, and that the
 // chart is written.
