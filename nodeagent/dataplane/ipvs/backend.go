@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 
+	"k8s.io/klog/v2"
+
 	"github.com/proxyshift/proxyshift/internal/text"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/forwarddrop"
@@ -164,7 +166,9 @@ func (e *ConflictError) LeftAlone() []string { return e.Keys }
 // so that traffic is never served without its filtering (see plan). A
 // sync that fails part-way leaves what it did; an incremental one that
 // fails is retried at once as a full one, which reads back the kernel
-// and repairs any drift, as it does on every call with req.Full. A
+// and repairs any drift, as it does on every call with req.Full; a
+// periodic resync (req.Resync) verifies first and repairs only what
+// differs (verify.go). A
 // virtual service someone else created where the model wants one is
 // left alone, and reported as a *ConflictError after everything else is
 // done.
@@ -204,7 +208,8 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 		}
 		if !settingsDone {
 			// Before any virtual service takes traffic: masquerading
-			// needs IPVS connections in conntrack.
+			// needs IPVS connections in conntrack. A resync puts back
+			// settings someone changed, as a full sync does.
 			if err := b.setSysctls(); err != nil {
 				errs = append(errs, err)
 			}
@@ -212,6 +217,18 @@ func (b *Backend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplan
 				errs = append(errs, err)
 			}
 			settingsDone = true
+		}
+		if st := b.state[f]; st != nil && req.Resync {
+			why, err := kn.verify(ctx, f, st)
+			if ctx.Err() != nil {
+				errs = append(errs, ctx.Err())
+				break
+			}
+			if err == nil && why == "" {
+				conflicts = append(conflicts, st.conflicts...)
+				continue
+			}
+			klog.InfoS("Periodic resync repairs IPVS", "family", f.Name, "reason", why, "err", err)
 		}
 		c, err := b.full(kn, f, ports)
 		conflicts = append(conflicts, c...)
@@ -277,6 +294,7 @@ func (b *Backend) full(kn *kernel, f *family, ports map[model.ServicePortName]*m
 		return nil, err
 	}
 	st, conflicts := newState(rc, ports, kv.foreign)
+	st.conflicts = conflicts
 	// Until the plan is applied whole, the next sync must be full.
 	delete(b.state, f)
 	if err := kn.apply(f, st, fullPlan(st, kv)); err != nil {

@@ -159,33 +159,43 @@ func (kn *kernel) readServices(f *family, records map[vsKey]string, dummyAddrs [
 			foreign[k] = true
 			continue
 		}
-		vs := &virtualService{key: k, scheduler: s.SchedName, dests: map[netip.AddrPort]int{}}
-		if s.Flags&svcFlagPersistent != 0 {
-			vs.timeout = s.Timeout
+		if ours[k], err = kn.readService(f, k, s); err != nil {
+			return nil, nil, err
 		}
-		if s.Flags&^(svcFlagPersistent|svcFlagHashed) != 0 || s.Netmask != f.netmask {
-			// Flags or a netmask we never set: make the next sync
-			// rewrite it.
-			vs.scheduler = ""
-		}
-		dests, err := kn.ipvs.GetDestinations(s)
-		if err != nil {
-			return nil, nil, fmt.Errorf("ipvs: list real servers of %s: %w", k, err)
-		}
-		for _, d := range dests {
-			addr, ok := netip.AddrFromSlice(d.Address)
-			if !ok {
-				continue
-			}
-			weight := d.Weight
-			if d.ConnectionFlags&libipvs.ConnectionFlagFwdMask != libipvs.ConnectionFlagMasq {
-				weight = -1 // not NAT: rewrite it
-			}
-			vs.dests[netip.AddrPortFrom(addr.Unmap(), d.Port)] = weight
-		}
-		ours[k] = vs
 	}
 	return ours, foreign, nil
+}
+
+// readService reads virtual service s (key k) with its real servers, as
+// the backend describes one: what it would not have set itself (flags, a
+// netmask, a forwarding method other than NAT) makes it differ from any
+// virtual service the backend wants, so that a sync rewrites it.
+func (kn *kernel) readService(f *family, k vsKey, s *libipvs.Service) (*virtualService, error) {
+	vs := &virtualService{key: k, scheduler: s.SchedName, dests: map[netip.AddrPort]int{}}
+	if s.Flags&svcFlagPersistent != 0 {
+		vs.timeout = s.Timeout
+	}
+	if s.Flags&^(svcFlagPersistent|svcFlagHashed) != 0 || s.Netmask != f.netmask {
+		// Flags or a netmask we never set: make the next sync
+		// rewrite it.
+		vs.scheduler = ""
+	}
+	dests, err := kn.ipvs.GetDestinations(s)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: list real servers of %s: %w", k, err)
+	}
+	for _, d := range dests {
+		addr, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			continue
+		}
+		weight := d.Weight
+		if d.ConnectionFlags&libipvs.ConnectionFlagFwdMask != libipvs.ConnectionFlagMasq {
+			weight = -1 // not NAT: rewrite it
+		}
+		vs.dests[netip.AddrPortFrom(addr.Unmap(), d.Port)] = weight
+	}
+	return vs, nil
 }
 
 // applyIPVS creates and updates virtual services and their real servers:

@@ -29,6 +29,14 @@ type familyState struct {
 	// totals are the ports' own counts (services, endpoints, virtual
 	// services and real servers), kept up to date by add and remove.
 	totals dataplane.Counts
+	// conflicts are the keys the full sync that made the state left to
+	// foreign virtual services; a resync that verifies the kernel
+	// reports them again.
+	conflicts []vsKey
+	// verified are the virtual services a periodic resync that a change
+	// preempted has verified already (see verify.go); commit forgets
+	// those it changes.
+	verified map[vsKey]bool
 }
 
 // newState renders ports into a fresh state. Ports claim virtual
@@ -396,6 +404,13 @@ func incrementalPlan(st *familyState, changes []portChange) *plan {
 // commit records changes, which the kernel now holds, in st.
 func (st *familyState) commit(changes []portChange) {
 	for _, ch := range changes {
+		for _, objs := range []*portObjects{ch.old, ch.new} {
+			if objs != nil {
+				for _, vs := range objs.services {
+					delete(st.verified, vs.key)
+				}
+			}
+		}
 		st.remove(ch.name)
 	}
 	for _, ch := range changes {
