@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,10 +57,18 @@ type settings struct {
 	connects                   int
 	syncTimeout, changeTimeout time.Duration
 	changeBudget               time.Duration
+	// programs are the programs measured (both by default), and logs
+	// says to print their logs at the end, not only on failure.
+	programs []string
+	logs     bool
 }
 
 func settingsFromEnv(t *testing.T) settings {
-	s := settings{sizes: []int{100}, changes: 3, connects: 20, syncTimeout: 5 * time.Minute, changeTimeout: 3 * time.Minute}
+	s := settings{sizes: []int{100}, changes: 3, connects: 20, syncTimeout: 5 * time.Minute, changeTimeout: 3 * time.Minute,
+		programs: []string{"kube-proxy", "proxyshift"}, logs: os.Getenv("PROXYSHIFT_VMBENCH_LOGS") == "1"}
+	if v := os.Getenv("PROXYSHIFT_VMBENCH_PROGRAMS"); v != "" {
+		s.programs = strings.Split(v, ",")
+	}
 	if v := os.Getenv("PROXYSHIFT_VMBENCH_SIZES"); v != "" {
 		s.sizes = nil
 		for _, f := range strings.Split(v, ",") {
@@ -149,11 +158,19 @@ func TestIPVSBesideKubeProxy(t *testing.T) {
 
 	dir := t.TempDir()
 	defer func() {
-		if t.Failed() {
+		if t.Failed() || s.logs {
 			showLogs(t, dir)
 		}
 	}()
-	programs := []bench.Program{bench.KubeProxy(kubeProxyBin), bench.Proxyshift(agentBin)}
+	var programs []bench.Program
+	for _, p := range []bench.Program{bench.KubeProxy(kubeProxyBin), bench.Proxyshift(agentBin)} {
+		if slices.Contains(s.programs, p.Name) {
+			programs = append(programs, p)
+		}
+	}
+	if len(programs) != len(s.programs) {
+		t.Fatalf("PROXYSHIFT_VMBENCH_PROGRAMS=%s: want kube-proxy, proxyshift or both", strings.Join(s.programs, ","))
+	}
 	plan := bench.Plan{
 		Sizes: s.sizes, Modes: []string{string(v1alpha1.ModeIPVS)}, Programs: programs,
 		Changes: s.changes, ChangeEvery: 1100 * time.Millisecond, Connects: s.connects,
@@ -206,8 +223,8 @@ func showLogs(t *testing.T, dir string) {
 			continue
 		}
 		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-		if len(lines) > 80 {
-			lines = append([]string{"[...]"}, lines[len(lines)-80:]...)
+		if len(lines) > 300 {
+			lines = append([]string{"[...]"}, lines[len(lines)-300:]...)
 		}
 		t.Logf("%s:\n%s", strings.TrimPrefix(l, dir+"/"), strings.Join(lines, "\n"))
 	}
