@@ -311,13 +311,26 @@ func waitAnswer(ctx context.Context, node *Node, run *Running, addr netip.AddrPo
 func settledSyncs(ctx context.Context, run *Running, timeout time.Duration) (Histogram, error) {
 	deadline := time.Now().Add(timeout)
 	prev, _, err := run.Syncs(ctx)
-	for err == nil && time.Now().Before(deadline) {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if exited, exitErr := run.Exited(); exited {
+			return Histogram{}, fmt.Errorf("%s exited: %v", run.Program.Name, exitErr)
+		}
 		time.Sleep(300 * time.Millisecond)
 		cur, ready, err2 := run.Syncs(ctx)
-		if err = err2; err == nil && ready && cur == prev && cur.Count > 0 {
+		if err2 != nil {
+			// A program busy syncing (under the test VM's emulation, at
+			// 5k Services) may not answer within the client's timeout:
+			// ask again.
+			err = err2
+			continue
+		}
+		if err == nil && ready && cur == prev && cur.Count > 0 {
 			return cur, nil
 		}
-		prev = cur
+		prev, err = cur, nil
+	}
+	if err == nil {
+		err = ctx.Err()
 	}
 	if err != nil {
 		return Histogram{}, fmt.Errorf("%s metrics: %w", run.Program.Name, err)
