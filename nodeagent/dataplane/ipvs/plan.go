@@ -33,10 +33,10 @@ type familyState struct {
 	// foreign virtual services; a resync that verifies the kernel
 	// reports them again.
 	conflicts []vsKey
-	// verified are the virtual services a periodic resync that a change
-	// preempted has verified already (see verify.go); commit forgets
-	// those it changes.
-	verified map[vsKey]bool
+	// verified is what a periodic resync that a change preempted has
+	// verified already (see verify.go); commit forgets the virtual
+	// services it changes.
+	verified verifyProgress
 }
 
 // newState renders ports into a fresh state. Ports claim virtual
@@ -407,7 +407,7 @@ func (st *familyState) commit(changes []portChange) {
 		for _, objs := range []*portObjects{ch.old, ch.new} {
 			if objs != nil {
 				for _, vs := range objs.services {
-					delete(st.verified, vs.key)
+					delete(st.verified.services, vs.key)
 				}
 			}
 		}
