@@ -151,11 +151,18 @@ func (st *familyState) elements() []element {
 // counts are the sizes of the state, as Programmed reads them back.
 func (st *familyState) counts() dataplane.Counts {
 	c := st.totals
-	c.Rules += len(st.elemRefs) + len(fixedElements())
-	for _, ch := range st.chains {
-		c.Rules += len(ch.Rules)
-	}
+	elements, rules := st.tableCounts()
+	c.Rules += elements + rules
 	return c
+}
+
+// tableCounts are the elements (of every set and map) and the rules the
+// helper table holds for the state.
+func (st *familyState) tableCounts() (elements, rules int) {
+	for _, ch := range st.chains {
+		rules += len(ch.Rules)
+	}
+	return len(st.elemRefs) + len(fixedElements()), rules
 }
 
 // plus returns a + sign*b.

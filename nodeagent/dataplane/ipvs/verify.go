@@ -114,11 +114,7 @@ func (kn *kernel) verifyTable(ctx context.Context, f *family, st *familyState, w
 	if err != nil {
 		return "", err
 	}
-	wantRules := 0
-	for _, ch := range st.chains {
-		wantRules += len(ch.Rules)
-	}
-	if wantElems := len(st.elemRefs) + len(fixedElements()); tc.elements != wantElems || tc.rules != wantRules {
+	if wantElems, wantRules := st.tableCounts(); tc.elements != wantElems || tc.rules != wantRules {
 		return fmt.Sprintf("the helper table holds %d elements and %d rules, not %d and %d", tc.elements, tc.rules, wantElems, wantRules), nil
 	}
 	for k := range want {
