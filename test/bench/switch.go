@@ -169,21 +169,29 @@ func (r *SwitchResult) Took(from, to string, preparing bool) []time.Duration {
 	return out
 }
 
-// switchTo writes the desire for mode and waits (up to timeout) until
-// the status reports Active in it for that generation, recording the
-// phases on the way.
+// switchTo waits until the node reports Active in from for the current
+// generation (the agent may not have reported its last switch or its
+// first sync yet), then writes the desire for mode and waits until the
+// status reports Active in it for the new generation, recording the
+// phases on the way. Both waits share timeout.
 func (p *ProxyNodes) switchTo(ctx context.Context, from, mode string, timeout time.Duration) (Switch, error) {
 	sw := Switch{From: from, To: mode}
-	cur := &v1alpha1.ProxyNode{}
-	if err := p.c.Get(ctx, client.ObjectKey{Name: NodeName}, cur); err != nil {
-		return sw, err
-	}
-	// Watch from before the write, so that no phase is missed.
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	w, err := p.c.Watch(wctx, &v1alpha1.ProxyNodeList{}, client.MatchingFields{"metadata.name": NodeName}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: cur.ResourceVersion}})
+	cur := &v1alpha1.ProxyNode{}
+	if err := p.c.Get(wctx, client.ObjectKey{Name: NodeName}, cur); err != nil {
+		return sw, err
+	}
+	if !activeFor(cur.Status, from, p.gen) {
+		var err error
+		if cur, err = p.follow(wctx, cur.ResourceVersion, from, p.gen); err != nil {
+			return sw, fmt.Errorf("before the switch: %w", err)
+		}
+	}
+	// Watch from before the write, so that no phase is missed.
+	w, err := p.watch(wctx, cur.ResourceVersion)
 	if err != nil {
-		return sw, fmt.Errorf("watch ProxyNode: %w", err)
+		return sw, err
 	}
 	defer w.Stop()
 	start := time.Now()
@@ -194,18 +202,61 @@ func (p *ProxyNodes) switchTo(ctx context.Context, from, mode string, timeout ti
 	// Phases are recorded as they change from the one before the write
 	// (the agent reports a phase before it echoes the new generation).
 	last := cur.Status.Phase
+	if _, err := p.followWatch(wctx, w, mode, gen, func(st v1alpha1.ProxyNodeStatus) {
+		if st.Phase != last {
+			last = st.Phase
+			sw.Phases = append(sw.Phases, PhaseAt{Phase: st.Phase, At: time.Since(start)})
+		}
+	}); err != nil {
+		return sw, err
+	}
+	sw.Took = time.Since(start)
+	return sw, nil
+}
+
+// activeFor says whether st reports Active in mode for generation gen.
+func activeFor(st v1alpha1.ProxyNodeStatus, mode string, gen int64) bool {
+	return st.ObservedConfig != nil && st.ObservedConfig.Generation == gen &&
+		st.Phase == v1alpha1.NodeActive && string(st.ActiveMode) == mode
+}
+
+// watch watches the node's ProxyNode from resource version rv.
+func (p *ProxyNodes) watch(ctx context.Context, rv string) (watch.Interface, error) {
+	w, err := p.c.Watch(ctx, &v1alpha1.ProxyNodeList{}, client.MatchingFields{"metadata.name": NodeName}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+	if err != nil {
+		return nil, fmt.Errorf("watch ProxyNode: %w", err)
+	}
+	return w, nil
+}
+
+// follow watches the node's ProxyNode from resource version rv until it
+// reports Active in mode for generation gen; see followWatch.
+func (p *ProxyNodes) follow(ctx context.Context, rv, mode string, gen int64) (*v1alpha1.ProxyNode, error) {
+	w, err := p.watch(ctx, rv)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	return p.followWatch(ctx, w, mode, gen, nil)
+}
+
+// followWatch reads w until the ProxyNode reports Active in mode for
+// generation gen and returns it, calling seen (when not nil) with every
+// status on the way. It fails when the status reports Failed for gen,
+// the watch ends, or ctx ends.
+func (p *ProxyNodes) followWatch(ctx context.Context, w watch.Interface, mode string, gen int64, seen func(v1alpha1.ProxyNodeStatus)) (*v1alpha1.ProxyNode, error) {
 	var lastStatus v1alpha1.ProxyNodeStatus
 	for {
 		select {
-		case <-wctx.Done():
-			return sw, fmt.Errorf("%w: not Active in %s for generation %d within %s; last status: phase %s, active %s, conditions %v",
-				errTimeout, mode, gen, timeout, lastStatus.Phase, lastStatus.ActiveMode, lastStatus.Conditions)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: not Active in %s for generation %d: last status: phase %s, active %s, conditions %v",
+				errTimeout, mode, gen, lastStatus.Phase, lastStatus.ActiveMode, lastStatus.Conditions)
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return sw, errors.New("the ProxyNode watch ended")
+				return nil, errors.New("the ProxyNode watch ended")
 			}
 			if ev.Type == watch.Error {
-				return sw, fmt.Errorf("ProxyNode watch: %v", apierrors.FromObject(ev.Object))
+				return nil, fmt.Errorf("ProxyNode watch: %v", apierrors.FromObject(ev.Object))
 			}
 			pn, ok := ev.Object.(*v1alpha1.ProxyNode)
 			if !ok {
@@ -213,19 +264,16 @@ func (p *ProxyNodes) switchTo(ctx context.Context, from, mode string, timeout ti
 			}
 			st := pn.Status
 			lastStatus = st
-			if st.Phase != last {
-				last = st.Phase
-				sw.Phases = append(sw.Phases, PhaseAt{Phase: st.Phase, At: time.Since(start)})
-			}
-			if st.ObservedConfig == nil || st.ObservedConfig.Generation != gen {
-				continue // not yet acted on
+			if seen != nil {
+				seen(st)
 			}
 			switch {
+			case st.ObservedConfig == nil || st.ObservedConfig.Generation != gen:
+				// not yet acted on
 			case st.Phase == v1alpha1.NodeFailed:
-				return sw, fmt.Errorf("the switch to %s failed: %v", mode, st.Conditions)
-			case st.Phase == v1alpha1.NodeActive && string(st.ActiveMode) == mode:
-				sw.Took = time.Since(start)
-				return sw, nil
+				return nil, fmt.Errorf("the switch to %s failed: %v", mode, st.Conditions)
+			case activeFor(st, mode, gen):
+				return pn, nil
 			}
 		}
 	}
