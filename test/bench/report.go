@@ -55,7 +55,9 @@ func machine() string {
 	var si unix.Sysinfo_t
 	mem := "?"
 	if unix.Sysinfo(&si) == nil {
-		mem = fmt.Sprintf("%d GiB", uint64(si.Totalram)*uint64(si.Unit)>>30)
+		// The memory the kernel manages, a little less than the machine's
+		// (a 2 GiB VM has 1.9).
+		mem = fmt.Sprintf("%.1f GiB", float64(uint64(si.Totalram)*uint64(si.Unit))/(1<<30))
 	}
 	var un unix.Utsname
 	kernel := "?"

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -66,13 +67,22 @@ func LineDiff(want, got string) string {
 }
 
 // FullSyncs benchmarks full syncs of m by be (which should already hold
-// m, for a resync).
+// m, for a resync). Besides time and allocations it reports live-MB: the
+// live heap after the last sync and a collection, which holds m and
+// what the backend keeps between syncs (its state), and so what a
+// program serving m keeps at least.
 func FullSyncs(b *testing.B, be dataplane.Backend, m *model.Snapshot) {
 	for b.Loop() {
 		if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 			b.Fatal(err)
 		}
 	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapAlloc)/1e6, "live-MB")
+	runtime.KeepAlive(be)
+	runtime.KeepAlive(m)
 }
 
 // EndpointChanges benchmarks incremental syncs after one endpoint of one
