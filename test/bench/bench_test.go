@@ -181,3 +181,44 @@ func TestWriteIntoReplacesItsSection(t *testing.T) {
 		t.Errorf("chart: %v, %v", st, err)
 	}
 }
+
+// TestReportOneProgram checks a run that measured one program only
+// (-programs proxyshift, or kube-proxy): its figures are in the table,
+// the other column shows "-", and no ratio or target is made up.
+func TestReportOneProgram(t *testing.T) {
+	var agentOnly, kubeProxyOnly []Result
+	for _, r := range sampleResults() {
+		if r.Mode != "iptables" {
+			continue
+		}
+		r.Mode = "ipvs"
+		if r.Program == "proxyshift" {
+			agentOnly = append(agentOnly, r)
+		} else {
+			kubeProxyOnly = append(kubeProxyOnly, r)
+		}
+	}
+	md := (&Report{Results: agentOnly}).Markdown()
+	for _, want := range []string{
+		"| first full sync, 10000 services (until the last answers) | - | 50.00 s | - |  |",
+		"| programming latency p99, 10000 services | - | 600.0 ms | - |  |",
+		"| peak RSS, 10000 services | - | ",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("agent-only report lacks %q:\n%s", want, md)
+		}
+	}
+	kubeProxyOnly = append(kubeProxyOnly, Result{Program: "kube-proxy", Mode: "ipvs", Services: 20000, FirstSync: 20 * time.Minute, TimedOut: true})
+	md = (&Report{Results: kubeProxyOnly}).Markdown()
+	for _, want := range []string{
+		"| first full sync, 10000 services (until the last answers) | 60.00 s | - | - |  |",
+		"| first full sync, 20000 services (until the last answers) | > 1200.00 s (gave up) | - | - |  |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("kube-proxy-only report lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "programming latency") {
+		t.Errorf("kube-proxy-only report has rows that need the agent's figures:\n%s", md)
+	}
+}

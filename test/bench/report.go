@@ -121,6 +121,9 @@ func uniq[T comparable](rs []Result, key func(Result) T) []T {
 // target, proxyshift's figure) is at most the bound.
 func durationRow(what string, kp, ps time.Duration, maxRatio float64, maxAbs time.Duration) row {
 	r := row{what: what, kp: fmtDuration(kp), ps: fmtDuration(ps), ratio: "-"}
+	if ps == 0 {
+		return r // not measured: no ratio, no target
+	}
 	if kp > 0 {
 		ratio := float64(ps) / float64(kp)
 		r.ratio = fmt.Sprintf("%.2f", ratio)
@@ -141,6 +144,14 @@ func firstSyncRow(what string, kp, ps Result, maxRatio float64) row {
 	switch {
 	case kp.TimedOut && ps.TimedOut:
 		r.kp, r.ps, r.ratio, r.target, r.met = "> "+fmtDuration(kp.FirstSync), "> "+fmtDuration(ps.FirstSync), "-", "", ""
+	case kp.TimedOut && ps.FirstSync == 0, ps.TimedOut && kp.FirstSync == 0:
+		// One program only was measured, and it gave up: no ratio.
+		if kp.TimedOut {
+			r.kp = "> " + fmtDuration(kp.FirstSync) + " (gave up)"
+		} else {
+			r.ps = "> " + fmtDuration(ps.FirstSync) + " (gave up)"
+		}
+		r.ratio, r.target, r.met = "-", "", ""
 	case kp.TimedOut:
 		bound := float64(ps.FirstSync) / float64(kp.FirstSync)
 		r.kp, r.ratio = "> "+fmtDuration(kp.FirstSync)+" (gave up)", fmt.Sprintf("< %.2f", bound)
@@ -175,13 +186,20 @@ func (r *Report) rows(mode string) []row {
 	largest := sizes[len(sizes)-1]
 	nft, ipt := mode == "nftables", mode == "iptables"
 	var out []row
+	// A program that was not measured (-programs, or PROXYSHIFT_VMBENCH_PROGRAMS,
+	// names one) shows "-".
+	lookup := func(program string, n int) (Result, bool) {
+		res, ok := r.lookup(program, mode, n)
+		if !ok {
+			res = Result{Program: program, Mode: mode, Services: n}
+		}
+		return res, ok
+	}
 	each := func(f func(n int, kp, ps Result, atLargest bool)) {
 		for _, n := range sizes {
-			kp, ok1 := r.lookup("kube-proxy", mode, n)
-			ps, ok2 := r.lookup("proxyshift", mode, n)
-			if ok1 && ok2 {
-				f(n, kp, ps, n == largest)
-			}
+			kp, _ := lookup("kube-proxy", n)
+			ps, _ := lookup("proxyshift", n)
+			f(n, kp, ps, n == largest)
 		}
 	}
 	each(func(n int, kp, ps Result, atLargest bool) {
@@ -198,9 +216,9 @@ func (r *Report) rows(mode string) []row {
 	// kube-proxy that did not finish shows "-" (no figure) there.
 	each = func(f func(n int, kp, ps Result, atLargest bool)) {
 		for _, n := range sizes {
-			kp, ok1 := r.lookup("kube-proxy", mode, n)
-			ps, ok2 := r.lookup("proxyshift", mode, n)
-			if ok1 && ok2 && !ps.TimedOut {
+			kp, _ := lookup("kube-proxy", n)
+			ps, measured := lookup("proxyshift", n)
+			if measured && !ps.TimedOut {
 				if kp.TimedOut {
 					kp = Result{Program: kp.Program, Mode: mode, Services: n}
 				}
