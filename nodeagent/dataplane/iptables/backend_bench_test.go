@@ -73,6 +73,19 @@ func BenchmarkResync(b *testing.B) {
 	})
 }
 
+// BenchmarkProgrammed measures Programmed on a node holding the model:
+// what a mode switch's Verifying phase reads back before it probes.
+func BenchmarkProgrammed(b *testing.B) {
+	forEachSize(b, func(b *testing.B, v Variant, n int) {
+		be, _ := syncedBackend(b, v, n)
+		for b.Loop() {
+			if _, err := be.Programmed(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // syncedBackend is a backend of variant v in a namespace of its own,
 // holding the benchmark model of n services after one full sync.
 func syncedBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapshot) {

@@ -25,13 +25,14 @@ import (
 // variant the backend therefore reads the chains and the rule counts with
 // two netlink dumps of the nf_tables table iptables-nft keeps the table
 // in (same name, family ip or ip6), and the text of the few chains it
-// needs with iptables-nft -S <chain>, which reads only that chain.
+// needs with iptables-nft -S <chain>, which reads only that chain. The
+// rule counts come from one dump per chain (nft.Reader.RuleCountsOf): one
+// dump of the table's rules took 6 minutes at 10 000 services.
 
 // read returns the nat and filter tables of family f as far as a caller
 // needs them: every chain, the rules' text of the built-in chains and of
 // the chains text names, and, if counts, how many rules each chain has.
-// (Counting the rules is a dump that grows faster than the table, see
-// nft.RuleCounts: syncs do not ask.)
+// (Counting the rules is a dump per chain: syncs do not ask.)
 func (r runner) read(ctx context.Context, f *family, text map[string]bool, counts bool) (savedTables, error) {
 	if r.variant == Legacy {
 		out, err := r.save(ctx, f)
@@ -102,7 +103,7 @@ func nftTable(ctx context.Context, netns nsexec.NS, f *family, name string, coun
 	if !counts {
 		return t, nil
 	}
-	n, err := r.RuleCounts()
+	n, err := r.RuleCountsOf(t.chains)
 	if err != nil {
 		return nil, err
 	}

@@ -126,6 +126,31 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 	return counts, nil
 }
 
+// RuleCountsOf returns the number of rules of each of chains that has
+// any, from one dump per chain. The kernel finds a named chain through
+// its hash table, so each dump walks that chain's rules only; RuleCounts'
+// dump of the whole table instead walks the table again from its first
+// rule for every buffer it fills, which grows with the square of the
+// table's rules: for a table of many small chains (iptables-nft's, 320 000
+// rules in 110 000 chains at 10 000 services) this is the way.
+func (r *Reader) RuleCountsOf(chains []string) (map[string]int, error) {
+	counts := map[string]int{}
+	for _, chain := range chains {
+		ae := netlink.NewAttributeEncoder()
+		ae.String(unix.NFTA_RULE_TABLE, r.table)
+		ae.String(unix.NFTA_RULE_CHAIN, chain)
+		n := 0
+		// Every message of the dump is one rule.
+		if err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { n++ }); err != nil {
+			return nil, r.failed(fmt.Errorf("nft: list the rules of %s chain %s: %w", r.table, chain, err))
+		}
+		if n > 0 {
+			counts[chain] = n
+		}
+	}
+	return counts, nil
+}
+
 // ElementTexts lists the elements of set, each as ElementText gives it,
 // from one dump. (google/nftables reads elements back without their
 // verdicts.)
