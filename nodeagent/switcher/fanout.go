@@ -70,6 +70,7 @@ func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRe
 	if _, rest := dataplane.SplitWarnings(err); rest == nil {
 		warning, err = err, nil
 	}
+	m.syncs++
 	m.last = PrimarySync{Mode: m.mode, Time: start, Duration: time.Since(start), Full: req.Full, Counts: c, Err: err, Warning: warning}
 	if err != nil {
 		m.full = true
@@ -93,8 +94,10 @@ type member struct {
 	// full says the next sync must be a full one (the backend was added
 	// before any model existed, or its last sync failed).
 	full bool
-	// last is the last sync's outcome.
-	last PrimarySync
+	// last is the last sync's outcome, syncs how many it has had (Check
+	// reads back without the lock and looks whether one came meanwhile).
+	last  PrimarySync
+	syncs uint64
 }
 
 var (
@@ -316,25 +319,49 @@ func (f *Fanout) SetPrimary(mode v1alpha1.ProxyMode) {
 	}
 }
 
+// checkUnlocked is how many times Check reads a member back without the
+// Fanout's lock before it reads once holding it. Every member's syncs
+// wait while the lock is held, and reading back a large node takes long
+// (iptables-nft at 10 000 services: 28 s), so a switch's verification
+// should not hold up the serving mode's changes; but a sync of the
+// member during a read leaves nothing to compare it with, so under
+// constant churn the last read holds the lock.
+const checkUnlocked = 2
+
 // Check compares what the kernel holds for mode with what its last
-// successful sync programmed, with no sync in between.
+// successful sync programmed, with no sync of it in between.
 func (f *Fanout) Check(ctx context.Context, mode v1alpha1.ProxyMode) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	m := f.find(mode)
-	if m == nil {
-		return fmt.Errorf("%s is not programmed by this agent", mode)
+	for attempt := 1; ; attempt++ {
+		locked := attempt > checkUnlocked
+		f.mu.Lock()
+		m := f.find(mode)
+		switch {
+		case m == nil:
+			f.mu.Unlock()
+			return fmt.Errorf("%s is not programmed by this agent", mode)
+		case !m.valid || m.full:
+			f.mu.Unlock()
+			return fmt.Errorf("%s has no successful sync to compare with", mode)
+		}
+		b, want, syncs := m.b, m.counts, m.syncs
+		if !locked {
+			f.mu.Unlock()
+		}
+		got, err := b.Programmed(ctx)
+		if !locked {
+			f.mu.Lock()
+		}
+		synced := f.find(mode) != m || m.syncs != syncs
+		f.mu.Unlock()
+		switch {
+		case synced:
+			continue // read again: what it read may be before or after
+		case err != nil:
+			return fmt.Errorf("read back %s: %w", mode, err)
+		case got != want:
+			return fmt.Errorf("the kernel holds %d service ports, %d endpoints and %d rules of %s, but its last sync programmed %d, %d and %d",
+				got.Services, got.Endpoints, got.Rules, mode, want.Services, want.Endpoints, want.Rules)
+		}
+		return nil
 	}
-	if !m.valid || m.full {
-		return fmt.Errorf("%s has no successful sync to compare with", mode)
-	}
-	got, err := m.b.Programmed(ctx)
-	if err != nil {
-		return fmt.Errorf("read back %s: %w", mode, err)
-	}
-	if got != m.counts {
-		return fmt.Errorf("the kernel holds %d service ports, %d endpoints and %d rules of %s, but its last sync programmed %d, %d and %d",
-			got.Services, got.Endpoints, got.Rules, mode, m.counts.Services, m.counts.Endpoints, m.counts.Rules)
-	}
-	return nil
 }

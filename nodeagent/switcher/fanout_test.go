@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
@@ -158,5 +159,61 @@ func TestWarningIsASuccessfulSync(t *testing.T) {
 	last := got[len(got)-1]
 	if last.Err != nil || last.Warning == nil || last.Counts.Services != 3 {
 		t.Errorf("onPrimary got %+v; want a successful sync with its warning", last)
+	}
+}
+
+// slowReadBackend is a countingBackend whose first Programmed signals
+// reading and waits for release: a read back that takes long.
+type slowReadBackend struct {
+	countingBackend
+	reads            int
+	reading, release chan struct{}
+}
+
+func (b *slowReadBackend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	b.reads++
+	if b.reads == 1 {
+		close(b.reading)
+		<-b.release
+	}
+	return b.countingBackend.Programmed(ctx)
+}
+
+// TestCheckDoesNotHoldUpSyncs: while Check reads a member back, the
+// Fanout's syncs go on (the serving mode keeps following changes during
+// a switch's verification); a sync that came during the read makes Check
+// read again and compare with that sync's counts.
+func TestCheckDoesNotHoldUpSyncs(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	b := &slowReadBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPTables}, reading: make(chan struct{}), release: make(chan struct{})}
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, b, "k"); err != nil {
+		t.Fatal(err)
+	}
+	checked := make(chan error, 1)
+	go func() { checked <- f.Check(ctx, v1alpha1.ModeIPTables) }()
+	<-b.reading
+	synced := make(chan error, 1)
+	go func() {
+		_, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}})
+		synced <- err
+	}()
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a sync waited for Check's read back")
+	}
+	close(b.release)
+	if err := <-checked; err != nil {
+		t.Errorf("Check after a sync during its read: %v", err)
+	}
+	if b.reads != 2 {
+		t.Errorf("Check read back %d times; want 2 (the read during the sync, then one after it)", b.reads)
 	}
 }
