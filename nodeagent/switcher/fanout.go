@@ -33,6 +33,33 @@ type Fanout struct {
 	// programmed is what will serve), and the last one of a member that
 	// replaces another as primary.
 	onPrimary func(PrimarySync)
+	// adding serialises Add; joining, while Add fully syncs a new mode's
+	// member without the lock, gathers what the members' syncs meanwhile
+	// changed, for the member to catch up on before it joins.
+	adding  sync.Mutex
+	joining *joining
+}
+
+// joining is what the syncs during an Add changed: the ports in changed,
+// or everything (full).
+type joining struct {
+	changed model.ChangeSet
+	full    bool
+}
+
+// note adds a sync's changes.
+func (j *joining) note(req dataplane.SyncRequest) {
+	switch {
+	case req.Resync:
+		// A periodic resync carries no change: the loop syncs pending
+		// changes before it resyncs.
+	case req.Full:
+		j.full = true
+	default:
+		for name := range req.Changed {
+			j.changed[name] = struct{}{}
+		}
+	}
 }
 
 // PrimarySync is one sync of the primary (the serving backend).
@@ -62,6 +89,12 @@ func (f *Fanout) SetOnPrimary(fn func(PrimarySync)) {
 func (f *Fanout) syncMember(ctx context.Context, m *member, req dataplane.SyncRequest) (warning, err error) {
 	start := time.Now()
 	c, err := m.b.Sync(ctx, req)
+	return f.record(ctx, m, req, start, c, err)
+}
+
+// record records the outcome of m's sync req, started at start, which
+// returned c and err; see syncMember. The lock must be held.
+func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncRequest, start time.Time, c dataplane.Counts, err error) (warning, _ error) {
 	if dataplane.Preempted(ctx, req, err) {
 		// A periodic resync that yielded to a change: not a sync, nothing
 		// to record; the loop runs it again.
@@ -130,6 +163,9 @@ func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.model = req.Model
+	if f.joining != nil {
+		f.joining.note(req)
+	}
 	select {
 	case <-f.ready:
 	default:
@@ -233,11 +269,27 @@ func (f *Fanout) Model() *model.Snapshot {
 // programs it. A sync that only warns (dataplane.Warning) succeeded; the
 // warning is reported by the syncs that follow. On a sync error b does not join, the previous member stays
 // and the kernel keeps what b's failed transaction did not change.
+//
+// A new mode's full sync runs without the lock, so that the members keep
+// following changes while it programs (a switch's Programming phase: a
+// minute and more for iptables-nft at 10 000 services); b then catches up
+// on what they synced meanwhile (the changed ports, or everything after a
+// full sync) before it joins. A member that replaces one of its mode is
+// synced holding the lock: the two must not write the same objects at
+// once.
 func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.Backend, key string) (replaced dataplane.Backend, err error) {
+	f.adding.Lock()
+	defer f.adding.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	nm := &member{mode: mode, b: b, key: key, full: true}
-	if f.model != nil {
+	switch {
+	case f.model == nil:
+	case f.find(mode) == nil:
+		if err := f.programApart(ctx, nm); err != nil {
+			return nil, err
+		}
+	default:
 		if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
 			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
 		}
@@ -250,6 +302,30 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 	}
 	f.members = append(f.members, nm)
 	return nil, nil
+}
+
+// programApart fully syncs nm from the last model with the lock released
+// meanwhile, then syncs it the changes the members' syncs made in the
+// meantime. It is called, and returns, with the lock held.
+func (f *Fanout) programApart(ctx context.Context, nm *member) error {
+	req := dataplane.SyncRequest{Model: f.model, Full: true}
+	f.joining = &joining{changed: model.ChangeSet{}}
+	f.mu.Unlock()
+	start := time.Now()
+	c, err := nm.b.Sync(ctx, req)
+	f.mu.Lock()
+	j := f.joining
+	f.joining = nil
+	if _, err := f.record(ctx, nm, req, start, c, err); err != nil {
+		return fmt.Errorf("%s: full sync: %w", nm.mode, err)
+	}
+	if !j.full && len(j.changed) == 0 {
+		return nil
+	}
+	if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Changed: j.changed, Full: j.full}); err != nil {
+		return fmt.Errorf("%s: sync the changes made while it was programmed: %w", nm.mode, err)
+	}
+	return nil
 }
 
 // Resync fully syncs mode's member from the last model.

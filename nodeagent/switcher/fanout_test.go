@@ -217,3 +217,87 @@ func TestCheckDoesNotHoldUpSyncs(t *testing.T) {
 		t.Errorf("Check read back %d times; want 2 (the read during the sync, then one after it)", b.reads)
 	}
 }
+
+// slowFirstSyncBackend records its syncs; the first one signals syncing
+// and waits for release: a full sync that takes long.
+type slowFirstSyncBackend struct {
+	countingBackend
+	reqs             []dataplane.SyncRequest
+	syncing, release chan struct{}
+}
+
+func (b *slowFirstSyncBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	b.reqs = append(b.reqs, req)
+	if len(b.reqs) == 1 {
+		close(b.syncing)
+		<-b.release
+	}
+	return b.countingBackend.Sync(ctx, req)
+}
+
+// TestAddDoesNotHoldUpSyncs: while Add fully syncs a new mode's member
+// (a switch's Programming phase), the serving member keeps syncing
+// changes; the new member then syncs the ports changed meanwhile, from
+// the latest model, before it joins.
+func TestAddDoesNotHoldUpSyncs(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	old := &countingBackend{mode: v1alpha1.ModeNFTables}
+	first := &model.Snapshot{}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: first, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, old, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPrimary(v1alpha1.ModeNFTables)
+
+	b := &slowFirstSyncBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPTables}, syncing: make(chan struct{}), release: make(chan struct{})}
+	added := make(chan error, 1)
+	go func() {
+		_, err := f.Add(ctx, v1alpha1.ModeIPTables, b, "k")
+		added <- err
+	}()
+	<-b.syncing
+	changed := model.ChangeSet{{Namespace: "default", Name: "web", Port: "http"}: {}}
+	latest := &model.Snapshot{}
+	synced := make(chan error, 1)
+	go func() {
+		_, err := f.Sync(ctx, dataplane.SyncRequest{Model: latest, Changed: changed})
+		synced <- err
+	}()
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a sync of the serving member waited for the new member's full sync")
+	}
+	if old.syncs != 2 {
+		t.Errorf("the serving member synced %d times; want 2 (its full sync and the change)", old.syncs)
+	}
+	close(b.release)
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	if len(b.reqs) != 2 {
+		t.Fatalf("the new member synced %d times; want its full sync, then the changes made meanwhile", len(b.reqs))
+	}
+	if r := b.reqs[0]; !r.Full || r.Model != first {
+		t.Errorf("first sync of the new member = %+v; want a full sync of the model it joined with", r)
+	}
+	if r := b.reqs[1]; r.Full || r.Model != latest || !reflect.DeepEqual(r.Changed, changed) {
+		t.Errorf("catch-up sync of the new member = %+v; want the changed ports from the latest model", r)
+	}
+	if modes := f.Modes(); len(modes) != 2 {
+		t.Errorf("members = %v; want both modes", modes)
+	}
+	// Once joined, it syncs with the others.
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: latest, Changed: changed}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.reqs) != 3 {
+		t.Errorf("the joined member synced %d times; want 3", len(b.reqs))
+	}
+}
