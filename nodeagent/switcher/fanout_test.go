@@ -179,6 +179,26 @@ func (b *slowReadBackend) Programmed(ctx context.Context) (dataplane.Counts, err
 	return b.countingBackend.Programmed(ctx)
 }
 
+// syncWithin syncs req through f, failing the test with stuck when the
+// sync does not return within 10 s (it waits for something it should
+// not).
+func syncWithin(t *testing.T, f *Fanout, req dataplane.SyncRequest, stuck string) {
+	t.Helper()
+	synced := make(chan error, 1)
+	go func() {
+		_, err := f.Sync(context.Background(), req)
+		synced <- err
+	}()
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal(stuck)
+	}
+}
+
 // TestCheckDoesNotHoldUpSyncs: while Check reads a member back, the
 // Fanout's syncs go on (the serving mode keeps following changes during
 // a switch's verification); a sync that came during the read makes Check
@@ -196,19 +216,7 @@ func TestCheckDoesNotHoldUpSyncs(t *testing.T) {
 	checked := make(chan error, 1)
 	go func() { checked <- f.Check(ctx, v1alpha1.ModeIPTables) }()
 	<-b.reading
-	synced := make(chan error, 1)
-	go func() {
-		_, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}})
-		synced <- err
-	}()
-	select {
-	case err := <-synced:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a sync waited for Check's read back")
-	}
+	syncWithin(t, f, dataplane.SyncRequest{Model: &model.Snapshot{}}, "a sync waited for Check's read back")
 	close(b.release)
 	if err := <-checked; err != nil {
 		t.Errorf("Check after a sync during its read: %v", err)
@@ -261,19 +269,7 @@ func TestAddDoesNotHoldUpSyncs(t *testing.T) {
 	<-b.syncing
 	changed := model.ChangeSet{{Namespace: "default", Name: "web", Port: "http"}: {}}
 	latest := &model.Snapshot{}
-	synced := make(chan error, 1)
-	go func() {
-		_, err := f.Sync(ctx, dataplane.SyncRequest{Model: latest, Changed: changed})
-		synced <- err
-	}()
-	select {
-	case err := <-synced:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a sync of the serving member waited for the new member's full sync")
-	}
+	syncWithin(t, f, dataplane.SyncRequest{Model: latest, Changed: changed}, "a sync of the serving member waited for the new member's full sync")
 	if old.syncs != 2 {
 		t.Errorf("the serving member synced %d times; want 2 (its full sync and the change)", old.syncs)
 	}
