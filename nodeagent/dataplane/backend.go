@@ -84,7 +84,10 @@ type Backend interface {
 	// Sync programs the model into the kernel in one atomic transaction
 	// per IP family. On error the kernel keeps its previous state.
 	Sync(ctx context.Context, req SyncRequest) (Counts, error)
-	// Programmed reads back what the kernel holds for this backend.
+	// Programmed reads back what the kernel holds for this backend. It
+	// reads the kernel only, so it may run while a Sync does
+	// (switcher.Fanout.Check reads back without holding syncs up, and
+	// reads again when one came meanwhile).
 	Programmed(ctx context.Context) (Counts, error)
 	// Cleanup removes everything the backend owns and describes what it
 	// removed, one line per object.

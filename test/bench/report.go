@@ -144,14 +144,11 @@ func firstSyncRow(what string, kp, ps Result, maxRatio float64) row {
 	switch {
 	case kp.TimedOut && ps.TimedOut:
 		r.kp, r.ps, r.ratio, r.target, r.met = "> "+fmtDuration(kp.FirstSync), "> "+fmtDuration(ps.FirstSync), "-", "", ""
-	case kp.TimedOut && ps.FirstSync == 0, ps.TimedOut && kp.FirstSync == 0:
-		// One program only was measured, and it gave up: no ratio.
-		if kp.TimedOut {
-			r.kp = "> " + fmtDuration(kp.FirstSync) + " (gave up)"
-		} else {
-			r.ps = "> " + fmtDuration(ps.FirstSync) + " (gave up)"
-		}
-		r.ratio, r.target, r.met = "-", "", ""
+	// One program only was measured, and it gave up: no ratio.
+	case kp.TimedOut && ps.FirstSync == 0:
+		r.kp, r.ratio, r.target, r.met = "> "+fmtDuration(kp.FirstSync)+" (gave up)", "-", "", ""
+	case ps.TimedOut && kp.FirstSync == 0:
+		r.ps, r.ratio, r.target, r.met = "> "+fmtDuration(ps.FirstSync)+" (gave up)", "-", "", ""
 	case kp.TimedOut:
 		bound := float64(ps.FirstSync) / float64(kp.FirstSync)
 		r.kp, r.ratio = "> "+fmtDuration(kp.FirstSync)+" (gave up)", fmt.Sprintf("< %.2f", bound)
