@@ -276,7 +276,6 @@ type loopRunner struct {
 	source  syncloop.Source
 	backend dataplane.Backend
 	metrics *syncloop.Metrics
-	onSync  func(syncloop.Result)
 
 	mu     sync.Mutex
 	loop   *syncloop.Loop
@@ -287,7 +286,6 @@ type loopRunner struct {
 func (r *loopRunner) start(ctx context.Context, cfg syncloop.Config) {
 	lctx, cancel := context.WithCancel(ctx)
 	l := syncloop.New(cfg, r.source, r.backend, r.metrics)
-	l.OnSync = r.onSync
 	done := make(chan struct{})
 	go func() { l.Run(lctx); close(done) }()
 	r.mu.Lock()

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
@@ -19,12 +22,23 @@ import (
 // and the new one, so the old keeps following Service changes while the
 // new is programmed and verified. It remembers the last model, so a backend
 // added in the middle starts from exactly what the others have.
+//
+// A switch's steps come before the periodic resync: while one runs, a
+// resync is skipped, and a step that begins stops the resync running (see
+// step). Verifying a large node takes long (iptables-nft at 10 000
+// services: 24 s, every sync period), and a step would otherwise wait
+// for it, and Check read again after it.
 type Fanout struct {
 	mu      sync.Mutex
 	members []*member
 	primary v1alpha1.ProxyMode
-	model   *model.Snapshot
-	ready   chan struct{}
+	// model is the last model synced; it is written under mu and read
+	// without it (Model), so that a switch's probes do not wait for a sync.
+	model atomic.Pointer[model.Snapshot]
+	ready chan struct{}
+	// served is the primary's counts after its last successful sync: what
+	// a skipped resync returns.
+	served atomic.Pointer[dataplane.Counts]
 	// afterSync runs after every successful sync of the primary, under
 	// the lock (see SetAfterSync).
 	afterSync func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)
@@ -38,6 +52,57 @@ type Fanout struct {
 	// changed, for the member to catch up on before it joins.
 	adding  sync.Mutex
 	joining *joining
+	// stepMu guards steps, the switch steps running, and cancelResync,
+	// which stops the periodic resync running (nil when none is).
+	stepMu       sync.Mutex
+	steps        int
+	cancelResync context.CancelFunc
+}
+
+// step begins a switch step and returns the function that ends it. It
+// stops the periodic resync that is running, whose members stop reading
+// the kernel as their ctx ends (a repair already writing finishes), and
+// no resync runs until the step ends: the step waits for change syncs
+// only, and Check's read is not made void by a resync.
+func (f *Fanout) step() (end func()) {
+	f.stepMu.Lock()
+	f.steps++
+	if f.cancelResync != nil {
+		f.cancelResync()
+	}
+	f.stepMu.Unlock()
+	return func() {
+		f.stepMu.Lock()
+		f.steps--
+		f.stepMu.Unlock()
+	}
+}
+
+// resyncContext returns the context a periodic resync runs with, which
+// ends with ctx or when a switch step begins, and the function to call
+// when the resync is over; ok is false while a step runs.
+func (f *Fanout) resyncContext(ctx context.Context) (rctx context.Context, over func(), ok bool) {
+	f.stepMu.Lock()
+	defer f.stepMu.Unlock()
+	if f.steps > 0 {
+		return nil, nil, false
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	f.cancelResync = cancel
+	return rctx, func() {
+		f.stepMu.Lock()
+		f.cancelResync = nil
+		f.stepMu.Unlock()
+		cancel()
+	}, true
+}
+
+// servedCounts is what the primary's last successful sync programmed.
+func (f *Fanout) servedCounts() dataplane.Counts {
+	if c := f.served.Load(); c != nil {
+		return *c
+	}
+	return dataplane.Counts{}
 }
 
 // joining is what the syncs during an Add changed: the ports in changed,
@@ -159,10 +224,26 @@ func (f *Fanout) Mode() string {
 // Sync syncs every member, the primary first. It returns the primary's
 // counts and every member's error and warning (dataplane.Warning), each
 // prefixed with its mode. A member that only warns synced.
+//
+// A periodic resync (req.Resync) gives way to a switch's steps: while one
+// runs it is skipped, and when one begins it stops. Either way it returns
+// the primary's last counts and no error: the switch verifies the mode it
+// programs itself, and the loop resyncs again a sync period later. Drift
+// in the serving mode waits that long, once per switch.
 func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	syncCtx := ctx
+	if req.Resync {
+		rctx, over, ok := f.resyncContext(ctx)
+		if !ok {
+			klog.V(2).InfoS("Periodic resync skipped: a switch step runs")
+			return f.servedCounts(), nil
+		}
+		defer over()
+		syncCtx = rctx
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.model = req.Model
+	f.model.Store(req.Model)
 	if f.joining != nil {
 		f.joining.note(req)
 	}
@@ -173,13 +254,19 @@ func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane
 	}
 	var errs []error
 	var counts dataplane.Counts
-	primaryOK := false
+	primaryOK, stopped := false, false
 	for _, m := range f.ordered() {
 		r := req
 		if m.full {
 			r.Full, r.Changed = true, nil
 		}
-		warning, err := f.syncMember(ctx, m, r)
+		warning, err := f.syncMember(syncCtx, m, r)
+		if err != nil && syncCtx.Err() != nil && ctx.Err() == nil {
+			// A switch step began: the resync stops here.
+			klog.V(2).InfoS("Periodic resync stopped: a switch step begins", "mode", m.mode)
+			stopped = true
+			break
+		}
 		if warning != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.mode, warning))
 		}
@@ -189,10 +276,14 @@ func (f *Fanout) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane
 		}
 		if m.mode == f.primary {
 			counts, primaryOK = m.counts, true
+			f.served.Store(&counts)
 		}
 	}
 	if primaryOK && f.afterSync != nil {
 		f.afterSync(ctx, req.Model, req.Changed, req.Full)
+	}
+	if stopped && !primaryOK {
+		counts = f.servedCounts()
 	}
 	return counts, errors.Join(errs...)
 }
@@ -256,11 +347,7 @@ func (f *Fanout) find(mode v1alpha1.ProxyMode) *member {
 func (f *Fanout) Ready() <-chan struct{} { return f.ready }
 
 // Model is the last model synced (nil before the first sync).
-func (f *Fanout) Model() *model.Snapshot {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.model
-}
+func (f *Fanout) Model() *model.Snapshot { return f.model.Load() }
 
 // Add makes b the member for mode, replacing (and returning) the one it
 // had, and fully syncs it from the last model before it joins: when Add
@@ -278,19 +365,20 @@ func (f *Fanout) Model() *model.Snapshot {
 // synced holding the lock: the two must not write the same objects at
 // once.
 func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.Backend, key string) (replaced dataplane.Backend, err error) {
+	defer f.step()()
 	f.adding.Lock()
 	defer f.adding.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	nm := &member{mode: mode, b: b, key: key, full: true}
 	switch {
-	case f.model == nil:
+	case f.model.Load() == nil:
 	case f.find(mode) == nil:
 		if err := f.programApart(ctx, nm); err != nil {
 			return nil, err
 		}
 	default:
-		if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+		if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model.Load(), Full: true}); err != nil {
 			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
 		}
 	}
@@ -308,7 +396,7 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 // meanwhile, then syncs it the changes the members' syncs made in the
 // meantime. It is called, and returns, with the lock held.
 func (f *Fanout) programApart(ctx context.Context, nm *member) error {
-	req := dataplane.SyncRequest{Model: f.model, Full: true}
+	req := dataplane.SyncRequest{Model: f.model.Load(), Full: true}
 	f.joining = &joining{changed: model.ChangeSet{}}
 	f.mu.Unlock()
 	start := time.Now()
@@ -322,7 +410,7 @@ func (f *Fanout) programApart(ctx context.Context, nm *member) error {
 	if !j.full && len(j.changed) == 0 {
 		return nil
 	}
-	if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model, Changed: j.changed, Full: j.full}); err != nil {
+	if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model.Load(), Changed: j.changed, Full: j.full}); err != nil {
 		return fmt.Errorf("%s: sync the changes made while it was programmed: %w", nm.mode, err)
 	}
 	return nil
@@ -330,18 +418,19 @@ func (f *Fanout) programApart(ctx context.Context, nm *member) error {
 
 // Resync fully syncs mode's member from the last model.
 func (f *Fanout) Resync(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	defer f.step()()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	m := f.find(mode)
 	if m == nil {
 		return fmt.Errorf("%s is not programmed by this agent", mode)
 	}
-	if f.model == nil {
+	if f.model.Load() == nil {
 		m.full = true
 		return nil
 	}
 	// A warning does not fail the sync: the primary's syncs report it.
-	if _, err := f.syncMember(ctx, m, dataplane.SyncRequest{Model: f.model, Full: true}); err != nil {
+	if _, err := f.syncMember(ctx, m, dataplane.SyncRequest{Model: f.model.Load(), Full: true}); err != nil {
 		return fmt.Errorf("%s: full sync: %w", mode, err)
 	}
 	return nil
@@ -351,6 +440,7 @@ func (f *Fanout) Resync(ctx context.Context, mode v1alpha1.ProxyMode) error {
 // returns it (nil if there was none). Its objects stay in the kernel until
 // the caller cleans them up.
 func (f *Fanout) Remove(mode v1alpha1.ProxyMode) dataplane.Backend {
+	defer f.step()()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, m := range f.members {
@@ -365,6 +455,7 @@ func (f *Fanout) Remove(mode v1alpha1.ProxyMode) dataplane.Backend {
 // Member returns mode's backend and the key of the settings it was built
 // with.
 func (f *Fanout) Member(mode v1alpha1.ProxyMode) (dataplane.Backend, string, bool) {
+	defer f.step()()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if m := f.find(mode); m != nil {
@@ -375,6 +466,7 @@ func (f *Fanout) Member(mode v1alpha1.ProxyMode) (dataplane.Backend, string, boo
 
 // Modes lists the members' modes.
 func (f *Fanout) Modes() []v1alpha1.ProxyMode {
+	defer f.step()()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []v1alpha1.ProxyMode
@@ -386,6 +478,7 @@ func (f *Fanout) Modes() []v1alpha1.ProxyMode {
 
 // SetPrimary makes mode the one synced first and reported.
 func (f *Fanout) SetPrimary(mode v1alpha1.ProxyMode) {
+	defer f.step()()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	changed, had := f.primary != mode, f.primary != ""
@@ -399,14 +492,16 @@ func (f *Fanout) SetPrimary(mode v1alpha1.ProxyMode) {
 // Fanout's lock before it reads once holding it. Every member's syncs
 // wait while the lock is held, and reading back a large node takes long
 // (iptables-nft at 10 000 services: 28 s), so a switch's verification
-// should not hold up the serving mode's changes; but a sync of the
+// should not hold up the serving mode's changes; but a change sync of the
 // member during a read leaves nothing to compare it with, so under
-// constant churn the last read holds the lock.
+// constant churn the last read holds the lock. (Periodic resyncs do not
+// run during a Check: it is a switch step.)
 const checkUnlocked = 2
 
 // Check compares what the kernel holds for mode with what its last
 // successful sync programmed, with no sync of it in between.
 func (f *Fanout) Check(ctx context.Context, mode v1alpha1.ProxyMode) error {
+	defer f.step()()
 	for attempt := 1; ; attempt++ {
 		locked := attempt > checkUnlocked
 		f.mu.Lock()

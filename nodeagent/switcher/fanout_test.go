@@ -297,3 +297,88 @@ func TestAddDoesNotHoldUpSyncs(t *testing.T) {
 		t.Errorf("the joined member synced %d times; want 3", len(b.reqs))
 	}
 }
+
+// blockingResyncBackend is a countingBackend whose periodic resyncs
+// signal resyncing and read until their ctx ends, as a backend verifying
+// a large node does.
+type blockingResyncBackend struct {
+	countingBackend
+	resyncing chan struct{}
+}
+
+func (b *blockingResyncBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	if !req.Resync {
+		return b.countingBackend.Sync(ctx, req)
+	}
+	close(b.resyncing)
+	<-ctx.Done()
+	return dataplane.Counts{}, ctx.Err()
+}
+
+// TestResyncGivesWayToSwitchSteps: a switch step that begins stops the
+// periodic resync running (it does not wait for the verification to
+// end), the resync returns the primary's last counts without an error
+// and without being recorded as a sync, and while a step runs a resync
+// is skipped, so Check's read is not made void by it.
+func TestResyncGivesWayToSwitchSteps(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	serving := &blockingResyncBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPTables}, resyncing: make(chan struct{})}
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, serving, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPrimary(v1alpha1.ModeIPTables)
+	syncWithin(t, f, dataplane.SyncRequest{Model: &model.Snapshot{}}, "a change sync got stuck")
+	want := dataplane.Counts{Services: serving.syncs}
+
+	type result struct {
+		c   dataplane.Counts
+		err error
+	}
+	resynced := make(chan result, 1)
+	go func() {
+		c, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true, Resync: true})
+		resynced <- result{c, err}
+	}()
+	<-serving.resyncing
+	stepped := make(chan struct{})
+	go func() { f.Modes(); close(stepped) }()
+	select {
+	case <-stepped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a switch step waited for the periodic resync to end")
+	}
+	r := <-resynced
+	if r.err != nil || r.c != want {
+		t.Errorf("stopped resync returned %+v, %v; want the primary's last counts %+v and no error", r.c, r.err, want)
+	}
+	if err := f.Check(ctx, v1alpha1.ModeIPTables); err != nil {
+		t.Errorf("a stopped resync was recorded as a sync: Check: %v", err)
+	}
+
+	nft := &slowReadBackend{countingBackend: countingBackend{mode: v1alpha1.ModeNFTables}, reading: make(chan struct{}), release: make(chan struct{})}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, nft, "k"); err != nil {
+		t.Fatal(err)
+	}
+	checked := make(chan error, 1)
+	go func() { checked <- f.Check(ctx, v1alpha1.ModeNFTables) }()
+	<-nft.reading
+	before := nft.syncs
+	c, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true, Resync: true})
+	if err != nil || c != want {
+		t.Errorf("resync during a step returned %+v, %v; want %+v and no error", c, err, want)
+	}
+	if nft.syncs != before {
+		t.Errorf("a resync ran during a switch step (%d syncs, had %d)", nft.syncs, before)
+	}
+	close(nft.release)
+	if err := <-checked; err != nil {
+		t.Fatal(err)
+	}
+	if nft.reads != 1 {
+		t.Errorf("Check read back %d times; want 1 (a skipped resync leaves its read valid)", nft.reads)
+	}
+}
