@@ -440,3 +440,35 @@ func TestKernelRandomModels(t *testing.T) {
 		}
 	})
 }
+
+// TestKernelPresent: Present finds proxyshift's rules after a sync, still
+// finds them when only a fixed chain of one table of one family is left
+// (a cleanup stopped half way), and not after a cleanup or on a fresh
+// node.
+func TestKernelPresent(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ns := kernelNS(t, v)
+		b := newKernelBackend(t, ns, v)
+		ctx := context.Background()
+		present := func(want bool, when string) {
+			t.Helper()
+			if got, err := b.Present(ctx); err != nil || got != want {
+				t.Errorf("%s: Present = %v, %v; want %v", when, got, err, want)
+			}
+		}
+		present(false, "fresh node")
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: kernelModel(), Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		present(true, "after a sync")
+		if _, err := b.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		present(false, "after a cleanup")
+		ipt(t, ns, v, true, "", "", "-t", "filter", "-N", chainFilter)
+		present(true, "with ip6tables' "+chainFilter+" left")
+		ipt(t, ns, v, true, "", "", "-t", "filter", "-X", chainFilter)
+		ipt(t, ns, v, false, "", "", "-t", "nat", "-N", "PROXYSHIFT-OTHER")
+		present(false, "with a chain of another name")
+	})
+}

@@ -3,6 +3,7 @@ package iptables
 import (
 	"net/netip"
 
+	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -13,11 +14,13 @@ type family struct {
 	// tool is the command family: the backend runs
 	// <tool>-<variant>-restore and <tool>-<variant>-save.
 	tool string
+	// nft is the nf_tables family iptables-nft keeps the tables in.
+	nft nftables.TableFamily
 }
 
 var (
-	ipv4     = &family{model: corev1.IPv4Protocol, tool: "iptables"}
-	ipv6     = &family{model: corev1.IPv6Protocol, tool: "ip6tables"}
+	ipv4     = &family{model: corev1.IPv4Protocol, tool: "iptables", nft: nftables.TableFamilyIPv4}
+	ipv6     = &family{model: corev1.IPv6Protocol, tool: "ip6tables", nft: nftables.TableFamilyIPv6}
 	families = []*family{ipv4, ipv6}
 )
 

@@ -3,8 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
-
-	"github.com/google/nftables"
+	"slices"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -82,11 +81,7 @@ var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD"
 // nil if there is no such table. Rule texts are left to the caller. It
 // stops as soon as ctx ends, a dump under way included (nft.Reader).
 func nftTable(ctx context.Context, netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
-	fam := nftables.TableFamilyIPv4
-	if f == ipv6 {
-		fam = nftables.TableFamilyIPv6
-	}
-	r, err := nft.NewReader(ctx, netns, fam, name)
+	r, err := nft.NewReader(ctx, netns, f.nft, name)
 	if err != nil {
 		return nil, err
 	}
@@ -111,4 +106,35 @@ func nftTable(ctx context.Context, netns nsexec.NS, f *family, name string, coun
 		t.counts[c] = k
 	}
 	return t, nil
+}
+
+// presenceChains are the fixed chain of each table that every sync
+// creates in both families, and a cleanup removes with the table's other
+// chains in one restore: while any is there, so are proxyshift's rules
+// (on a node left half cleaned up too).
+var presenceChains = map[string]string{tableNAT: chainServices, tableFilter: chainFilter}
+
+// holdsPresenceChain says whether family f holds one of presenceChains.
+// The nft variant looks each up by name over netlink; the legacy one
+// reads the tables (the kernel hands each over in one piece).
+func (r runner) holdsPresenceChain(ctx context.Context, f *family) (bool, error) {
+	if r.variant == Legacy {
+		cur, err := r.read(ctx, f, nil, false)
+		if err != nil {
+			return false, err
+		}
+		for table, chain := range presenceChains {
+			if t := cur[table]; t != nil && slices.Contains(t.chains, chain) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	for table, chain := range presenceChains {
+		ok, err := nft.ChainExists(r.netns, f.nft, table, chain)
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
 }

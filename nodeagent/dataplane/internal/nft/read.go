@@ -121,6 +121,14 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 
 // dumpOn is dumpWith on the open socket c.
 func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
+	return requestOn(c, fam, msgType, netlink.Request|netlink.Dump, ae, fn)
+}
+
+// requestOn sends one request of type msgType (family fam) with flags and
+// the attributes ae holds on socket c, calling fn with each answer's
+// attributes. An object that does not exist is no error: fn is not
+// called.
+func requestOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags netlink.HeaderFlags, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	attrs, err := ae.Encode()
 	if err != nil {
 		return err
@@ -128,7 +136,7 @@ func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netli
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType),
-			Flags: netlink.Request | netlink.Dump,
+			Flags: flags,
 		},
 		// struct nfgenmsg: family, version, resource id.
 		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
@@ -189,4 +197,25 @@ func TableExists(netns nsexec.NS, name string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// ChainExists says whether table of family fam in network namespace
+// netns has a chain named chain (false when the table does not exist). It
+// asks for that one chain, which the kernel finds by name in a hash
+// table: unlike a dump of the table's chains, its cost does not grow with
+// the table.
+func ChainExists(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (bool, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_CHAIN_TABLE, table)
+	ae.String(unix.NFTA_CHAIN_NAME, chain)
+	found := false
+	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(*netlink.AttributeDecoder) { found = true }); err != nil {
+		return false, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
+	}
+	return found, nil
 }
