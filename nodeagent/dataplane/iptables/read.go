@@ -3,7 +3,10 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+
+	"github.com/google/nftables"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -44,12 +47,12 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 		}
 		return cur, nil
 	}
-	cur := savedTables{}
+	cur, err := nftTables(ctx, r.netns, f, counts)
+	if err != nil {
+		return nil, fmt.Errorf("iptables: read %s's tables over netlink: %w", r.tool(f), err)
+	}
 	for _, table := range tables {
-		t, err := nftTable(ctx, r.netns, f, table, counts)
-		if err != nil {
-			return nil, fmt.Errorf("iptables: read %s table %s over netlink: %w", r.tool(f), table, err)
-		}
+		t := cur[table]
 		if t == nil {
 			continue
 		}
@@ -67,7 +70,6 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 			}
 			t.rules[c] = sub[c]
 		}
-		cur[table] = t
 	}
 	return cur, nil
 }
@@ -76,36 +78,45 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 // tables.
 var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
-// nftTable reads the chains of nf_tables table name in family f, and if
-// counts how many rules each has, in network namespace netns. It returns
-// nil if there is no such table. Rule texts are left to the caller. It
-// stops as soon as ctx ends, a dump under way included (nft.Reader).
-func nftTable(ctx context.Context, netns nsexec.NS, f *family, name string, counts bool) (*savedTable, error) {
-	r, err := nft.NewReader(ctx, netns, f.nft, name)
+// nftTables reads the chains of the nf_tables tables of family f that
+// iptables-nft keeps the tables proxyshift uses in, and if counts how
+// many rules each has, in network namespace netns. A table that does not
+// exist is not in the result. Rule texts are left to the caller. The
+// chains of both tables come from one dump (the kernel's dump of chains
+// sends every chain of the family, whatever table it names); it stops as
+// soon as ctx ends, a dump under way included (nft.Reader).
+func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (savedTables, error) {
+	r, err := nft.NewReader(ctx, netns, f.nft, "")
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	t := &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
-	err = r.EachChain(func(c string, base bool) {
-		t.chains = append(t.chains, c)
+	cur := savedTables{}
+	err = r.EachChain(func(c *nftables.Chain) {
+		table := c.Table.Name
+		if !slices.Contains(tables, table) {
+			return
+		}
+		t := cur[table]
+		if t == nil {
+			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
+			cur[table] = t
+		}
+		t.chains = append(t.chains, c.Name)
 		// A base chain iptables did not make is not one to read.
-		t.builtin[c] = base && builtinChains[c]
+		t.builtin[c.Name] = c.Hooknum != nil && builtinChains[c.Name]
 	})
-	if err != nil || len(t.chains) == 0 {
-		return nil, err
+	if err != nil || !counts {
+		return cur, err
 	}
-	if !counts {
-		return t, nil
+	for table, t := range cur {
+		n, err := r.RuleCountsOf(table, t.chains)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(t.counts, n)
 	}
-	n, err := r.RuleCountsOf(t.chains)
-	if err != nil {
-		return nil, err
-	}
-	for c, k := range n {
-		t.counts[c] = k
-	}
-	return t, nil
+	return cur, nil
 }
 
 // presenceChains are the fixed chain of each table that every sync

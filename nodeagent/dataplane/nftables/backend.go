@@ -202,7 +202,7 @@ func (b *Backend) syncFamily(ctx context.Context, f *family, ports map[model.Ser
 			return nil
 		}
 	}
-	return b.full(f, ports)
+	return b.full(ctx, f, ports)
 }
 
 // rewriteReason says why a periodic resync must rewrite the table whatever
@@ -223,10 +223,10 @@ func rewriteReason(rs *ruleset) string {
 // previous sync is let go first: a full sync does not read it, and at
 // 10k services it is as large as the ruleset rendered now. Should the
 // sync fail, the next one is a full one without it, as it would be.
-func (b *Backend) full(f *family, ports map[model.ServicePortName]*model.ServicePort) error {
+func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 	delete(b.state, f)
 	rs, claims := render(f, ports, b.policy[f])
-	kt, err := b.list(f)
+	kt, err := b.list(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -385,22 +385,39 @@ func (b *Backend) commit(f *family, ops []op) error {
 	return err
 }
 
+// ownChains reads the chains of the family's table, by name, with r
+// (nft.Reader: one dump of the family's chains, read in large batches): the kernel sends every chain of the family, and
+// iptables-nft's tables beside ours can hold 110 000 (kube-proxy's or
+// proxyshift's iptables mode at 10 000 services, during a switch),
+// which google/nftables' listing reads in 10 s.
+func ownChains(r *nft.Reader, f *family) (map[string]*nftables.Chain, error) {
+	chains := map[string]*nftables.Chain{}
+	err := r.EachChain(func(c *nftables.Chain) {
+		if c.Table.Name == TableName {
+			chains[c.Name] = c
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
+	}
+	return chains, nil
+}
+
 // list reads the definitions of the chains and named sets of the
 // family's table; nil if there is no table.
-func (b *Backend) list(f *family) (*kernelTable, error) {
+func (b *Backend) list(ctx context.Context, f *family) (*kernelTable, error) {
 	conn, t, err := nft.OpenTable(b.netns, f, TableName)
 	if err != nil || t == nil {
 		return nil, err
 	}
-	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
-	chains, err := conn.ListChainsOfTableFamily(f.Table)
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
+		return nil, err
 	}
-	for _, c := range chains {
-		if c.Table != nil && c.Table.Name == TableName {
-			kt.chains[c.Name] = c
-		}
+	defer r.Close()
+	kt := &kernelTable{sets: map[string]*nftables.Set{}}
+	if kt.chains, err = ownChains(r, f); err != nil {
+		return nil, err
 	}
 	sets, err := conn.GetSets(t)
 	if err != nil {

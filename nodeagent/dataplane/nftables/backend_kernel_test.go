@@ -360,7 +360,7 @@ func TestKernelSyncReadsBack(t *testing.T) {
 	// A full resync of an unchanged table recognizes every chain and set
 	// the kernel lists as its own: it only flushes and refills them.
 	for f, rs := range expected(m, nil) {
-		kt, err := b.list(f)
+		kt, err := b.list(context.Background(), f)
 		if err != nil {
 			t.Fatal(err)
 		}

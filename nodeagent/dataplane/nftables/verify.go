@@ -64,7 +64,7 @@ func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p 
 	}
 	defer r.Close()
 	if !p.chains {
-		if why, err := b.verifyChains(conn, r, f, want); err != nil || why != "" {
+		if why, err := b.verifyChains(r, f, want); err != nil || why != "" {
 			return why, err
 		}
 		p.chains = true
@@ -74,16 +74,10 @@ func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p 
 
 // verifyChains compares the table's chains, their hooks and their rule
 // counts with want.
-func (b *Backend) verifyChains(conn *nftables.Conn, r *nft.Reader, f *family, want wanted) (string, error) {
-	chains, err := conn.ListChainsOfTableFamily(f.Table)
+func (b *Backend) verifyChains(r *nft.Reader, f *family, want wanted) (string, error) {
+	have, err := ownChains(r, f)
 	if err != nil {
-		return "", fmt.Errorf("nftables: list %s chains: %w", f.Name, err)
-	}
-	have := map[string]*nftables.Chain{}
-	for _, c := range chains {
-		if c.Table != nil && c.Table.Name == TableName {
-			have[c.Name] = c
-		}
+		return "", err
 	}
 	for name, c := range want.chains {
 		k := have[name]

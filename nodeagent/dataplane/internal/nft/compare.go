@@ -102,9 +102,15 @@ func (r *Reader) failed(err error) error {
 	return err
 }
 
-// EachChain is the package's EachChain on the Reader's socket.
-func (r *Reader) EachChain(fn func(name string, base bool)) error {
-	return r.failed(eachChainOn(r.c, r.fam, r.table, fn))
+// EachChain calls fn with every chain of the Reader's family, of every
+// table (the kernel's dump of chains takes no table), in the kernel's
+// order: its table's name (Table.Name), its name, and for a base chain
+// its type, hook and priority. A caller that needs the chains of two
+// tables reads them from one call: each dump of chains costs as much as
+// every chain of the family (iptables-nft's 110 000 at 10 000 services
+// make it 3 s).
+func (r *Reader) EachChain(fn func(*nftables.Chain)) error {
+	return r.failed(eachChainOn(r.c, r.fam, fn))
 }
 
 // RuleCounts returns the number of rules of each chain that has any,
@@ -126,23 +132,23 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 	return counts, nil
 }
 
-// RuleCountsOf returns the number of rules of each of chains that has
-// any, from one dump per chain. The kernel finds a named chain through
+// RuleCountsOf returns the number of rules of each of chains (of table)
+// that has any, from one dump per chain. The kernel finds a named chain through
 // its hash table, so each dump walks that chain's rules only; RuleCounts'
 // dump of the whole table instead walks the table again from its first
 // rule for every buffer it fills, which grows with the square of the
 // table's rules: for a table of many small chains (iptables-nft's, 320 000
 // rules in 110 000 chains at 10 000 services) this is the way.
-func (r *Reader) RuleCountsOf(chains []string) (map[string]int, error) {
+func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, error) {
 	counts := map[string]int{}
 	for _, chain := range chains {
 		ae := netlink.NewAttributeEncoder()
-		ae.String(unix.NFTA_RULE_TABLE, r.table)
+		ae.String(unix.NFTA_RULE_TABLE, table)
 		ae.String(unix.NFTA_RULE_CHAIN, chain)
 		n := 0
 		// Every message of the dump is one rule.
 		if err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { n++ }); err != nil {
-			return nil, r.failed(fmt.Errorf("nft: list the rules of %s chain %s: %w", r.table, chain, err))
+			return nil, r.failed(fmt.Errorf("nft: list the rules of %s chain %s: %w", table, chain, err))
 		}
 		if n > 0 {
 			counts[chain] = n

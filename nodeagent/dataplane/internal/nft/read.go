@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -35,44 +36,50 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 	return conn, t, err
 }
 
-// EachChain calls fn with each chain of table (family fam) in network
-// namespace netns, in the kernel's order: its name, and whether it is a
-// base chain (attached to a hook). fn is not called when there is no such
-// table.
-func EachChain(netns nsexec.NS, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
-	c, err := dial(netns)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return eachChainOn(c, fam, table, fn)
-}
-
-// eachChainOn is EachChain on the open socket c.
-func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, table string, fn func(name string, base bool)) error {
-	ae := netlink.NewAttributeEncoder()
-	ae.String(unix.NFTA_CHAIN_TABLE, table)
-	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, ae, func(ad *netlink.AttributeDecoder) {
-		var t, name string
-		base := false
+// eachChainOn calls fn with every chain of family fam, of every table,
+// in the kernel's order, from one dump on the open socket c: its table's
+// name (Table.Name), its name, and for a base chain its type, hook and
+// priority. The kernel's dump of chains takes no table: it sends every
+// chain of the family whatever table the request names.
+func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Chain)) error {
+	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
+		ch := &nftables.Chain{Table: &nftables.Table{Family: fam}}
 		for ad.Next() {
 			switch ad.Type() {
 			case unix.NFTA_CHAIN_TABLE:
-				t = ad.String()
+				ch.Table.Name = ad.String()
 			case unix.NFTA_CHAIN_NAME:
-				name = ad.String()
+				ch.Name = ad.String()
+			case unix.NFTA_CHAIN_TYPE:
+				ch.Type = nftables.ChainType(ad.String())
 			case unix.NFTA_CHAIN_HOOK:
-				base = true
+				ad.Nested(decodeHook(ch))
 			}
 		}
-		if t == table && name != "" {
-			fn(name, base)
+		if ch.Name != "" {
+			fn(ch)
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("nft: list the chains of %s: %w", table, err)
+		return fmt.Errorf("nft: list the chains: %w", err)
 	}
 	return nil
+}
+
+// decodeHook decodes a chain's NFTA_CHAIN_HOOK into ch.
+func decodeHook(ch *nftables.Chain) func(*netlink.AttributeDecoder) error {
+	return func(ad *netlink.AttributeDecoder) error {
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_HOOK_HOOKNUM:
+				ch.Hooknum = nftables.ChainHookRef(nftables.ChainHook(ad.Uint32()))
+			case unix.NFTA_HOOK_PRIORITY:
+				ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(int32(ad.Uint32())))
+			}
+		}
+		return nil
+	}
 }
 
 // RuleCounts returns the number of rules in each chain of table (family

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -54,8 +55,17 @@ func TestEncodedTransaction(t *testing.T) {
 
 func countChains(t *testing.T, ns *netlab.NetNS, table string) int {
 	t.Helper()
+	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
 	n := 0
-	if err := EachChain(ns.NS(), nftables.TableFamilyIPv4, table, func(string, bool) { n++ }); err != nil {
+	if err := r.EachChain(func(c *nftables.Chain) {
+		if c.Table.Name == table {
+			n++
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	return n
