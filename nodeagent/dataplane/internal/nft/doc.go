@@ -17,9 +17,10 @@
 //     a netlink attribute.
 //   - Txn: one transaction, encoded as it is queued (so a full sync holds
 //     the batch's bytes, not the library's messages for all of it), sent
-//     to the kernel in one sendmsg and applied whole or not at all; and the dumps that read a table back in one
-//     request each (its chains, its rule counts), which google/nftables
-//     can only do chain by chain.
+//     to the kernel in one sendmsg and applied whole or not at all; and
+//     the dumps that read a table back in one request each (the family's
+//     chains, a table's or a chain's rule counts), which google/nftables
+//     can only do chain by chain, in 32 KiB batches where it reads 4 KiB.
 //
 // The package knows nothing of services: the backends decide what to
 // program, this package says it to the kernel.

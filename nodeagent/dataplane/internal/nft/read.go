@@ -15,7 +15,11 @@ import (
 // Reading a table back. google/nftables lists the rules of one chain at a
 // time, each a dump that walks the whole table; with tens of thousands of
 // chains that is as many round trips. The dumps here ask for all the
-// chains, or all the rules, of one table in one request.
+// chains of a family, or all the rules of a table or of a chain, in one
+// request, on sockets that take each dump in 32 KiB batches (widen):
+// nf_tables resumes every batch of a dump of chains or of a table's rules
+// by walking from the first object again, so the batch size divides the
+// cost.
 
 // Open returns a google/nftables connection for reading the network
 // namespace netns.

@@ -1,0 +1,90 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// firstDumpBatch sends a dump of the family's chains on c and returns the
+// size of the first batch the kernel answers with, read whole.
+func firstDumpBatch(t *testing.T, c *netlink.Conn) int {
+	t.Helper()
+	if _, err := c.Send(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN), Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{unix.NFPROTO_IPV4, unix.NFNETLINK_V0, 0, 0},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4*dumpBuffer)
+	n := 0
+	var recvErr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, _, _, recvErr = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
+		return recvErr != unix.EAGAIN
+	}); err != nil || recvErr != nil {
+		t.Fatal(err, recvErr)
+	}
+	return n
+}
+
+// TestWidenedDumps: a socket from dial takes a dump in batches of about
+// dumpBuffer (a socket mdlayher/netlink reads a page at a time gets 3.7
+// KiB), and the chains listed from it are every chain, with its table and
+// hook.
+func TestWidenedDumps(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "dump")
+	table := &nftables.Table{Name: "proxyshift-dump-test", Family: nftables.TableFamilyIPv4}
+	const chains = 1000 // about 100 KB of chain messages
+	txn := NewTxn(ns.NS())
+	txn.Conn().AddTable(table)
+	txn.Conn().AddChain(&nftables.Chain{Name: "base", Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-110)})
+	for i := range chains - 1 {
+		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
+	}
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	wide, err := dial(ns.NS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wide.Close()
+	if n := firstDumpBatch(t, wide); n < dumpBuffer/2 {
+		t.Errorf("a widened socket got a first batch of %d bytes; want about %d", n, dumpBuffer)
+	}
+
+	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := map[string]*nftables.Chain{}
+	if err := r.EachChain(func(c *nftables.Chain) { got[c.Name] = c }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != chains {
+		t.Fatalf("listed %d chains, want %d", len(got), chains)
+	}
+	b := got["base"]
+	if b.Table.Name != table.Name || b.Hooknum == nil || *b.Hooknum != *nftables.ChainHookPrerouting ||
+		b.Priority == nil || *b.Priority != -110 || b.Type != nftables.ChainTypeNAT {
+		t.Errorf("base chain listed as %+v", b)
+	}
+	if c := got["c1"]; c.Hooknum != nil || c.Table.Name != table.Name {
+		t.Errorf("regular chain listed as %+v", c)
+	}
+}
