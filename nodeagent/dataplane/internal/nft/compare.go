@@ -105,7 +105,7 @@ func (r *Reader) failed(err error) error {
 // EachChain calls fn with every chain of the Reader's family, of every
 // table (the kernel's dump of chains takes no table), in the kernel's
 // order: its table's name (Table.Name), its name, and for a base chain
-// its type, hook and priority. A caller that needs the chains of two
+// its type, hook, priority and policy. A caller that needs the chains of two
 // tables reads them from one call: each dump of chains costs as much as
 // every chain of the family (iptables-nft's 110 000 at 10 000 services
 // make it 3 s).

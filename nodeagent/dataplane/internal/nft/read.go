@@ -42,9 +42,9 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 
 // eachChainOn calls fn with every chain of family fam, of every table,
 // in the kernel's order, from one dump on the open socket c: its table's
-// name (Table.Name), its name, and for a base chain its type, hook and
-// priority. The kernel's dump of chains takes no table: it sends every
-// chain of the family whatever table the request names.
+// name (Table.Name), its name, and for a base chain its type, hook,
+// priority and policy. The kernel's dump of chains takes no table: it
+// sends every chain of the family whatever table the request names.
 func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Chain)) error {
 	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
 		ch := &nftables.Chain{Table: &nftables.Table{Family: fam}}
@@ -58,6 +58,9 @@ func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Ch
 				ch.Type = nftables.ChainType(ad.String())
 			case unix.NFTA_CHAIN_HOOK:
 				ad.Nested(decodeHook(ch))
+			case unix.NFTA_CHAIN_POLICY:
+				p := nftables.ChainPolicy(binary.BigEndian.Uint32(ad.Bytes()))
+				ch.Policy = &p
 			}
 		}
 		if ch.Name != "" {

@@ -40,8 +40,8 @@ func firstDumpBatch(t *testing.T, c *netlink.Conn) int {
 
 // TestWidenedDumps: a socket from dial takes a dump in batches of about
 // dumpBuffer (a socket mdlayher/netlink reads a page at a time gets 3.7
-// KiB), and the chains listed from it are every chain, with its table and
-// hook.
+// KiB), and the chains listed from it are every chain, with its table, hook
+// and policy.
 func TestWidenedDumps(t *testing.T) {
 	netlab.RequireRoot(t)
 	ns := netlab.NewNetNS(t, "dump")
@@ -81,7 +81,8 @@ func TestWidenedDumps(t *testing.T) {
 	}
 	b := got["base"]
 	if b.Table.Name != table.Name || b.Hooknum == nil || *b.Hooknum != *nftables.ChainHookPrerouting ||
-		b.Priority == nil || *b.Priority != -110 || b.Type != nftables.ChainTypeNAT {
+		b.Priority == nil || *b.Priority != -110 || b.Type != nftables.ChainTypeNAT ||
+		b.Policy == nil || *b.Policy != nftables.ChainPolicyAccept {
 		t.Errorf("base chain listed as %+v", b)
 	}
 	if c := got["c1"]; c.Hooknum != nil || c.Table.Name != table.Name {
