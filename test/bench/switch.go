@@ -337,7 +337,8 @@ func phaseText(ps []PhaseAt) string {
 
 // prober opens a new connection every few milliseconds, round robin over
 // its targets, each in its own goroutine (at most 32 at once), and
-// counts those that get no answer.
+// counts those that get no answer, keeping the first few with the time
+// each started.
 type prober struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -374,13 +375,15 @@ func startProber(ctx context.Context, node *Node, targets []netip.AddrPort, ever
 				defer func() { <-slots }()
 				// The answer is read with a context that outlives the
 				// prober's stop: a connection started is counted.
+				started := time.Now()
 				_, _, err := node.Ask(context.WithoutCancel(ctx), target, ProbeTimeout)
 				p.connects.Add(1)
 				if err != nil {
 					p.mu.Lock()
 					p.failures++
 					if len(p.sample) < 5 {
-						p.sample = append(p.sample, fmt.Sprintf("%s: %v", target, err))
+						// The start's time of day, to find in the agent's log.
+						p.sample = append(p.sample, fmt.Sprintf("%s (started %s UTC): %v", target, started.UTC().Format("15:04:05.000"), err))
 					}
 					p.mu.Unlock()
 				}
