@@ -386,10 +386,11 @@ func (b *Backend) commit(f *family, ops []op) error {
 }
 
 // ownChains reads the chains of the family's table, by name, with r
-// (nft.Reader: one dump of the family's chains, read in large batches): the kernel sends every chain of the family, and
-// iptables-nft's tables beside ours can hold 110 000 (kube-proxy's or
-// proxyshift's iptables mode at 10 000 services, during a switch),
-// which google/nftables' listing reads in 10 s.
+// (nft.Reader: one dump of the family's chains, read in large batches).
+// The kernel sends every chain of the family, and iptables-nft's tables
+// beside ours can hold 110 000 (kube-proxy's or proxyshift's iptables
+// mode at 10 000 services, during a switch), which google/nftables'
+// listing read in 10 s.
 func ownChains(r *nft.Reader, f *family) (map[string]*nftables.Chain, error) {
 	chains := map[string]*nftables.Chain{}
 	err := r.EachChain(func(c *nftables.Chain) {
