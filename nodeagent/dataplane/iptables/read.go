@@ -120,8 +120,8 @@ func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (sa
 }
 
 // presenceChains are the fixed chain of each table that every sync
-// creates in both families, and a cleanup removes with the table's other
-// chains in one restore: while any is there, so are proxyshift's rules
+// creates in each family it programs, and a cleanup removes with the
+// table's other chains in one restore: while any is there, so are proxyshift's rules
 // (on a node left half cleaned up too).
 var presenceChains = map[string]string{tableNAT: chainServices, tableFilter: chainFilter}
 
