@@ -74,7 +74,7 @@ type Reader struct {
 // NewReader opens a Reader of table (family fam) in network namespace
 // netns, until ctx ends. Close it after use.
 func NewReader(ctx context.Context, netns nsexec.NS, fam nftables.TableFamily, table string) (*Reader, error) {
-	c, err := dial(netns)
+	c, err := dialDumps(netns)
 	if err != nil {
 		return nil, err
 	}

@@ -125,7 +125,7 @@ func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, 
 // attributes ae holds, calling fn with each answer's attributes. An
 // object that does not exist is no error: fn is not called.
 func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
-	c, err := dial(netns)
+	c, err := dialDumps(netns)
 	if err != nil {
 		return err
 	}

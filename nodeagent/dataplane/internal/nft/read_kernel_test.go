@@ -38,7 +38,7 @@ func firstDumpBatch(t *testing.T, c *netlink.Conn) int {
 	return n
 }
 
-// TestWidenedDumps: a socket from dial takes a dump in batches of about
+// TestWidenedDumps: a socket from dialDumps takes a dump in batches of about
 // dumpBuffer (a socket mdlayher/netlink reads a page at a time gets 3.7
 // KiB), and the chains listed from it are every chain, with its table, hook
 // and policy.
@@ -58,7 +58,7 @@ func TestWidenedDumps(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wide, err := dial(ns.NS())
+	wide, err := dialDumps(ns.NS())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -231,12 +231,22 @@ func send(c *netlink.Conn, batch [][]byte) error {
 	return errors.Join(err, sendErr)
 }
 
-// dial opens a netfilter netlink socket in the namespace netns, widened
-// for dumps (widen).
+// dial opens a netfilter netlink socket in the namespace netns.
 func dial(netns nsexec.NS) (*netlink.Conn, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns.FD()})
 	if err != nil {
 		return nil, fmt.Errorf("nft: netlink socket: %w", err)
+	}
+	return c, nil
+}
+
+// dialDumps is dial for a socket that reads dumps: widened (widen), at
+// the cost of one round trip that sockets for single answers and
+// transactions do not pay.
+func dialDumps(netns nsexec.NS) (*netlink.Conn, error) {
+	c, err := dial(netns)
+	if err != nil {
+		return nil, err
 	}
 	if err := widen(c); err != nil {
 		_ = c.Close()
