@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -147,7 +148,7 @@ func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, er
 		ae.String(unix.NFTA_RULE_CHAIN, chain)
 		n := 0
 		// Every message of the dump is one rule.
-		if err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { n++ }); err != nil {
+		if err := dumpObjectOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { n++ }); err != nil {
 			return nil, r.failed(fmt.Errorf("nft: list the rules of %s chain %s: %w", table, chain, err))
 		}
 		if n > 0 {
@@ -166,7 +167,7 @@ func (r *Reader) ElementTexts(set string) ([]string, error) {
 	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
 	var out []string
 	var bad error
-	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
+	err := dumpObjectOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
 		for ad.Next() {
 			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 				continue
@@ -258,26 +259,24 @@ func Generation(netns nsexec.NS) (uint32, error) {
 		return 0, err
 	}
 	defer c.Close()
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	return generationOn(c)
+}
+
+// generationOn reads the ruleset's generation on socket c.
+func generationOn(c *netlink.Conn) (uint32, error) {
+	gen, found := uint32(0), false
+	err := requestOn(c, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, netlink.Request, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				gen, found = binary.BigEndian.Uint32(ad.Bytes()), true
+			}
+		}
 	})
 	if err != nil {
 		return 0, fmt.Errorf("nft: ruleset generation: %w", err)
 	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, err
-		}
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				return binary.BigEndian.Uint32(ad.Bytes()), nil
-			}
-		}
+	if !found {
+		return 0, errors.New("nft: ruleset generation: no NFTA_GEN_ID in the answer")
 	}
-	return 0, fmt.Errorf("nft: ruleset generation: no NFTA_GEN_ID in the answer")
+	return gen, nil
 }

@@ -133,8 +133,52 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 	return dumpOn(c, fam, msgType, ae, fn)
 }
 
-// dumpOn is dumpWith on the open socket c.
+// dumpOn is dumpWith on the open socket c. The dump is taken between
+// two reads of the ruleset's generation, and taken again when they
+// differ, up to dumpAttempts times in all; fn sees only the answer of a
+// dump no commit interrupted.
+//
+// The kernel sends a dump in batches and resumes each by counting the
+// objects it walks up to where the last one ended: the chains of every
+// table of the family, the tables, or a table's rules. A commit between
+// two batches (any program's: iptables-nft deleting its 110 000 chains
+// during a switch's cleanup, kube-proxy's sync) shifts that count, and
+// the dump skips or repeats as many objects, ours among them. The kernel
+// flags such a dump (NLM_F_DUMP_INTR), but when the commit lands during
+// the last batch the flag is on the dump's closing message alone, which
+// mdlayher/netlink drops: hence the generation reads.
 func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
+	for range dumpAttempts {
+		g0, err := generationOn(c)
+		if err != nil {
+			return err
+		}
+		msgs, err := ask(c, fam, msgType, netlink.Request|netlink.Dump, ae)
+		if err != nil {
+			return err
+		}
+		g1, err := generationOn(c)
+		if err != nil {
+			return err
+		}
+		if g0 == g1 {
+			return decode(msgs, fn)
+		}
+	}
+	return fmt.Errorf("nft: every one of %d dumps in a row was interrupted by a commit", dumpAttempts)
+}
+
+// dumpAttempts bounds how often dumpOn takes a dump that commits keep
+// interrupting: only a stream of commits (another program syncing many
+// times a second) exhausts it.
+const dumpAttempts = 10
+
+// dumpObjectOn is one dump of the contents of one object (one chain's
+// rules, one set's elements) on c. The kernel resumes it within that
+// object, so other objects' commits cannot shift it, and only the
+// object's owner changes the object: no generation reads, which would
+// triple the round trips of reading 110 000 chains one by one.
+func dumpObjectOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	return requestOn(c, fam, msgType, netlink.Request|netlink.Dump, ae, fn)
 }
 
@@ -143,9 +187,20 @@ func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netli
 // attributes. An object that does not exist is no error: fn is not
 // called.
 func requestOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags netlink.HeaderFlags, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
-	attrs, err := ae.Encode()
+	msgs, err := ask(c, fam, msgType, flags, ae)
 	if err != nil {
 		return err
+	}
+	return decode(msgs, fn)
+}
+
+// ask sends one request of type msgType (family fam) with flags and the
+// attributes ae holds on socket c and returns the answers: none when the
+// object does not exist.
+func ask(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags netlink.HeaderFlags, ae *netlink.AttributeEncoder) ([]netlink.Message, error) {
+	attrs, err := ae.Encode()
+	if err != nil {
+		return nil, err
 	}
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{
@@ -156,11 +211,13 @@ func requestOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags 
 		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
 	})
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return nil, nil
 	}
-	if err != nil {
-		return err
-	}
+	return msgs, err
+}
+
+// decode calls fn with the attributes of each of msgs.
+func decode(msgs []netlink.Message, fn func(*netlink.AttributeDecoder)) error {
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
 			continue

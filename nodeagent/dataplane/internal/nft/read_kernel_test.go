@@ -89,3 +89,87 @@ func TestWidenedDumps(t *testing.T) {
 		t.Errorf("regular chain listed as %+v", c)
 	}
 }
+
+// TestInterruptedDumpsAreTakenAgain: while another program deletes and
+// adds chains in a table listed before ours, every listing of the
+// family's chains still holds every chain of ours. The kernel resumes a
+// chain dump by counting chains, so a dump that a commit interrupts skips
+// or repeats as many of ours as were deleted or added before its
+// position; dumpOn sees the ruleset's generation move under the dump and
+// takes it again.
+func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "dumpintr")
+	other := &nftables.Table{Name: "other", Family: nftables.TableFamilyIPv4}
+	ours := &nftables.Table{Name: "proxyshift-dump-test", Family: nftables.TableFamilyIPv4}
+	const otherChains, ourChains, churn = 3000, 1000, 500
+	txn := NewTxn(ns.NS())
+	txn.Conn().AddTable(other)
+	for i := range otherChains {
+		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("o%d", i), Table: other})
+	}
+	txn.Conn().AddTable(ours)
+	for i := range ourChains {
+		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: ours})
+	}
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The other program: delete the first churn of its chains, add them
+	// back (at the end of its table, still before ours), over and over.
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		commits := 0
+		defer func() { done <- commits }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, add := range []bool{false, true} {
+				txn := NewTxn(ns.NS())
+				for i := range churn {
+					c := &nftables.Chain{Name: fmt.Sprintf("o%d", i), Table: other}
+					if add {
+						txn.Conn().AddChain(c)
+					} else {
+						txn.Conn().DelChain(c)
+					}
+				}
+				if err := txn.Commit(); err != nil {
+					t.Error(err)
+					return
+				}
+				commits++
+			}
+		}
+	}()
+
+	c, err := dialDumps(ns.NS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const listings = 200
+	for i := range listings {
+		n := 0
+		err := eachChainOn(c, nftables.TableFamilyIPv4, func(ch *nftables.Chain) {
+			if ch.Table.Name == ours.Name {
+				n++
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != ourChains {
+			t.Errorf("listing %d of %d: %d of our %d chains", i+1, listings, n, ourChains)
+		}
+	}
+	close(stop)
+	if commits := <-done; commits < 10 {
+		t.Fatalf("the other program committed only %d times during the listings: nothing was tested", commits)
+	}
+}
