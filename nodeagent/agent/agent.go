@@ -243,14 +243,11 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	go checks.Run(ctx)
 	fanout.SetAfterSync(func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool) {
 		checks.Update(healthcheck.Checks(snap), a.current().cfg.NodeIPs)
-		if !conntrack.HasUDPChange(changed, full) {
-			return
-		}
-		n, err := rec.Reconcile(ctx, snap)
+		n, err := rec.Reconcile(ctx, snap, changed, full)
 		if err != nil {
-			klog.ErrorS(err, "Could not delete stale UDP conntrack entries", "deleted", n)
+			klog.ErrorS(err, "Could not delete stale conntrack entries", "deleted", n)
 		} else if n > 0 {
-			klog.V(2).InfoS("Deleted stale UDP conntrack entries", "count", n)
+			klog.V(2).InfoS("Deleted stale conntrack entries", "count", n)
 		}
 	})
 	phases := newPhaseReporter(&servingReporter{

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -51,15 +52,16 @@ func TestStale(t *testing.T) {
 		{"service without endpoints", unix.IPPROTO_UDP, "10.96.0.11:53", "10.1.0.4", true},
 		{"another port of the cluster IP", unix.IPPROTO_UDP, "10.96.0.10:54", "10.1.0.9", false},
 		{"not a service", unix.IPPROTO_UDP, "10.1.0.2:8080", "10.1.0.2", false},
-		{"TCP is never touched", unix.IPPROTO_TCP, "10.96.0.12:80", "10.1.0.9", false},
+		{"TCP to an endpoint is never touched", unix.IPPROTO_TCP, "10.96.0.12:80", "10.1.0.9", false},
+		{"untranslated TCP to a TCP address no sync began to serve", unix.IPPROTO_TCP, "10.96.0.12:80", "10.96.0.12", false},
 	} {
 		got := f.Stale(Flow{Protocol: tc.proto, OrigDst: netip.MustParseAddrPort(tc.dst), ReplySrc: netip.MustParseAddr(tc.reply)})
 		if got != tc.want {
 			t.Errorf("%s: Stale = %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if !HasUDPChange(model.ChangeSet{dns.Name: {}}, false) || HasUDPChange(model.ChangeSet{web.Name: {}}, false) || !HasUDPChange(nil, true) {
-		t.Error("HasUDPChange")
+	if !hasUDPChange(model.ChangeSet{dns.Name: {}}, false) || hasUDPChange(model.ChangeSet{web.Name: {}}, false) || !hasUDPChange(nil, true) {
+		t.Error("hasUDPChange")
 	}
 }
 
@@ -101,6 +103,89 @@ func TestFrontendsFollowClaims(t *testing.T) {
 		}
 		if !f.Stale(hijacked) {
 			t.Fatalf("build %d: a flow from the DNS address to the other Service's pod is not stale", i)
+		}
+	}
+}
+
+// TestStaleTCP: a TCP entry is stale only when it is a connection attempt
+// (SYN_SENT) that nothing translated, to a TCP address the sync began to
+// serve.
+func TestStaleTCP(t *testing.T) {
+	f := &Frontends{newTCP: map[netip.AddrPort]bool{netip.MustParseAddrPort("10.96.0.12:80"): true}}
+	for _, tc := range []struct {
+		name    string
+		proto   uint8
+		synSent bool
+		dst     string
+		reply   string
+		want    bool
+	}{
+		{"untranslated SYN to a new address", unix.IPPROTO_TCP, true, "10.96.0.12:80", "10.96.0.12", true},
+		{"translated SYN to a new address", unix.IPPROTO_TCP, true, "10.96.0.12:80", "10.1.0.9", false},
+		{"untranslated, past SYN_SENT", unix.IPPROTO_TCP, false, "10.96.0.12:80", "10.96.0.12", false},
+		{"untranslated SYN to another port of the address", unix.IPPROTO_TCP, true, "10.96.0.12:81", "10.96.0.12", false},
+		{"untranslated SYN to another address", unix.IPPROTO_TCP, true, "10.96.0.13:80", "10.96.0.13", false},
+		{"UDP to the address", unix.IPPROTO_UDP, false, "10.96.0.12:80", "10.96.0.12", false},
+	} {
+		got := f.Stale(Flow{Protocol: tc.proto, SynSent: tc.synSent, OrigDst: netip.MustParseAddrPort(tc.dst), ReplySrc: netip.MustParseAddr(tc.reply)})
+		if got != tc.want {
+			t.Errorf("%s: Stale = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestNewTCPFrontends: the TCP addresses a sync began to serve are those
+// of the changed TCP ports (every port after a full sync) that the
+// snapshot before did not have; before any snapshot, all of them.
+func TestNewTCPFrontends(t *testing.T) {
+	port := func(name string, proto corev1.Protocol, ip string, ext ...string) *model.ServicePort {
+		sp := &model.ServicePort{
+			Name:      model.ServicePortName{Namespace: "ns", Name: name, Protocol: proto},
+			Family:    corev1.IPv4Protocol,
+			ClusterIP: netip.MustParseAddr(ip), Protocol: proto, Port: 80,
+		}
+		for _, e := range ext {
+			sp.ExternalIPs = append(sp.ExternalIPs, netip.MustParseAddr(e))
+		}
+		return sp
+	}
+	snapOf := func(ports ...*model.ServicePort) *model.Snapshot {
+		m := map[model.ServicePortName]*model.ServicePort{}
+		for _, p := range ports {
+			m[p.Name] = p
+		}
+		return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: m}}
+	}
+	web, udp := port("web", corev1.ProtocolTCP, "10.96.0.12"), port("dns", corev1.ProtocolUDP, "10.96.0.10")
+	webExt := port("web", corev1.ProtocolTCP, "10.96.0.12", "192.0.2.10")
+	api := port("api", corev1.ProtocolTCP, "10.96.0.20")
+	before := snapOf(web, udp)
+	after := snapOf(webExt, udp, api)
+	keys := func(m map[netip.AddrPort]bool) []string {
+		var out []string
+		for k := range m {
+			out = append(out, k.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		prev    *model.Snapshot
+		changed model.ChangeSet
+		all     bool
+		want    []string
+	}{
+		{"first sync", nil, nil, true, []string{"10.96.0.12:80", "10.96.0.20:80", "192.0.2.10:80"}},
+		{"full sync after another", before, nil, true, []string{"10.96.0.20:80", "192.0.2.10:80"}},
+		{"a new external IP", before, model.ChangeSet{webExt.Name: {}}, false, []string{"192.0.2.10:80"}},
+		{"a new Service", before, model.ChangeSet{api.Name: {}}, false, []string{"10.96.0.20:80"}},
+		{"an unchanged set of addresses", after, model.ChangeSet{webExt.Name: {}, api.Name: {}}, false, nil},
+		{"a UDP port", nil, model.ChangeSet{udp.Name: {}}, false, nil},
+		{"a deleted port", before, model.ChangeSet{port("gone", corev1.ProtocolTCP, "10.96.0.30").Name: {}}, false, nil},
+	} {
+		if got := keys(newTCPFrontends(after, tc.prev, corev1.IPv4Protocol, tc.changed, tc.all)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: new TCP frontends %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package switchtest
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -38,6 +39,92 @@ func (w *world) udpEntries() map[string]int {
 }
 
 func key(dst netip.AddrPort, reply netip.Addr) string { return fmt.Sprintf("%s>%s", dst, reply) }
+
+// untranslatedSynSent counts the node's TCP entries to dst still in
+// SYN_SENT whose replies would come from dst itself: connection attempts
+// nothing translated.
+func (w *world) untranslatedSynSent(dst netip.AddrPort) int {
+	w.t.Helper()
+	h, err := netlink.NewHandleAt(w.lab.Node.NS.Handle, unix.NETLINK_NETFILTER)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer h.Close()
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	n := 0
+	for _, f := range flows {
+		tcp, _ := f.ProtoInfo.(*netlink.ProtoInfoTCP)
+		if f.Forward.Protocol == unix.IPPROTO_TCP && tcp != nil && tcp.State == 1 /* SYN_SENT */ &&
+			f.Forward.DstIP.Equal(dst.Addr().AsSlice()) && f.Forward.DstPort == dst.Port() && f.Reverse.SrcIP.Equal(dst.Addr().AsSlice()) {
+			n++
+		}
+	}
+	return n
+}
+
+// connectFrom opens (and closes) a TCP connection from the client's
+// source port sport to addr, within timeout.
+func (w *world) connectFrom(sport int, addr netip.AddrPort, timeout time.Duration) error {
+	return w.lab.Client.NS.Do(func() error {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: w.lab.Client.IP.AsSlice(), Port: sport}}
+		c, err := d.Dial("tcp4", addr.String())
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// TestTCPSynBeforeTheService: a client that sends its SYN to a service
+// address before any Service has it makes an untranslated conntrack
+// entry, which its retransmissions, and any connection from the same
+// source port, would follow for two minutes (kubernetes/kubernetes#48719).
+// Once the Service is programmed the agent deletes that entry, so a
+// connection from the same source port reaches an endpoint at once.
+func TestTCPSynBeforeTheService(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeNFTables)
+	w.startAgent()
+	w.waitActive(v1alpha1.ModeNFTables)
+	late := netip.AddrPortFrom(netip.MustParseAddr("198.19.0.80"), 80)
+	const sport = 40080
+
+	// The SYN leaves the node untranslated (to the Beyond namespace,
+	// where nothing answers it).
+	if err := w.connectFrom(sport, late, 300*time.Millisecond); err == nil {
+		t.Fatalf("%s answered before any Service had it", late)
+	}
+	if n := w.untranslatedSynSent(late); n != 1 {
+		t.Fatalf("want one untranslated SYN_SENT entry to %s on the node, have %d", late, n)
+	}
+
+	w.service("late", corev1.ProtocolTCP, late.Addr(), int32(late.Port()), 0, w.pods...)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		// From fresh source ports: the rules are there.
+		if _, err := w.lab.Client.NS.Request(netlab.TCP, late, time.Second); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered from a fresh source port", late)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The entry goes right after the sync that programmed the Service;
+	// without the agent it would stay for two minutes.
+	deadline = time.Now().Add(5 * time.Second)
+	for w.untranslatedSynSent(late) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the untranslated SYN_SENT entry to %s is still on the node", late)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := w.connectFrom(sport, late, time.Second); err != nil {
+		t.Fatalf("from source port %d, the one of the early SYN: %v", sport, err)
+	}
+}
 
 // TestUDPConntrackPerEndpoint: when a UDP service's endpoint goes away,
 // the conntrack entries of clients NATed to it through the service are
