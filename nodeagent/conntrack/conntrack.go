@@ -115,9 +115,10 @@ func Build(snap *model.Snapshot, family corev1.IPFamily, nodeIPs []netip.Addr) *
 // newTCPFrontends returns the TCP service addresses (cluster, external
 // and load-balancer IPs, each with the port) of family in snap that prev
 // did not have: of every TCP port when all is set, else of the ports in
-// changed. Every address is new when prev is nil.
+// changed. Every address of every port is new when prev is nil.
 func newTCPFrontends(snap, prev *model.Snapshot, family corev1.IPFamily, changed model.ChangeSet, all bool) map[netip.AddrPort]bool {
 	out := map[netip.AddrPort]bool{}
+	all = all || prev == nil
 	ports := snap.Ports[family]
 	var before map[model.ServicePortName]*model.ServicePort
 	if prev != nil {

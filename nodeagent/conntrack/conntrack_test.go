@@ -136,7 +136,8 @@ func TestStaleTCP(t *testing.T) {
 
 // TestNewTCPFrontends: the TCP addresses a sync began to serve are those
 // of the changed TCP ports (every port after a full sync) that the
-// snapshot before did not have; before any snapshot, all of them.
+// snapshot before did not have; after none, all of them, whatever the
+// sync changed.
 func TestNewTCPFrontends(t *testing.T) {
 	port := func(name string, proto corev1.Protocol, ip string, ext ...string) *model.ServicePort {
 		sp := &model.ServicePort{
@@ -181,7 +182,8 @@ func TestNewTCPFrontends(t *testing.T) {
 		{"a new external IP", before, model.ChangeSet{webExt.Name: {}}, false, []string{"192.0.2.10:80"}},
 		{"a new Service", before, model.ChangeSet{api.Name: {}}, false, []string{"10.96.0.20:80"}},
 		{"an unchanged set of addresses", after, model.ChangeSet{webExt.Name: {}, api.Name: {}}, false, nil},
-		{"a UDP port", nil, model.ChangeSet{udp.Name: {}}, false, nil},
+		{"a partial sync as the first one seen", nil, model.ChangeSet{}, false, []string{"10.96.0.12:80", "10.96.0.20:80", "192.0.2.10:80"}},
+		{"a UDP port", before, model.ChangeSet{udp.Name: {}}, false, nil},
 		{"a deleted port", before, model.ChangeSet{port("gone", corev1.ProtocolTCP, "10.96.0.30").Name: {}}, false, nil},
 	} {
 		if got := keys(newTCPFrontends(after, tc.prev, corev1.IPv4Protocol, tc.changed, tc.all)); !slices.Equal(got, tc.want) {

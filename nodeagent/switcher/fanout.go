@@ -39,8 +39,8 @@ type Fanout struct {
 	// served is the primary's counts after its last successful sync: what
 	// a skipped resync returns.
 	served atomic.Pointer[dataplane.Counts]
-	// afterSync runs after every successful sync of the primary, under
-	// the lock (see SetAfterSync).
+	// afterSync runs after every successful sync of the primary and
+	// after Add, under the lock (see SetAfterSync).
 	afterSync func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)
 	// onPrimary receives every sync of the primary (of every member
 	// while there is none: on a node that served no mode, the mode being
@@ -206,8 +206,9 @@ var (
 // NewFanout returns an empty Fanout.
 func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{})} }
 
-// SetAfterSync sets a function to run after every successful sync of the
-// primary with the model that was synced (the conntrack reconciler).
+// SetAfterSync sets a function to run with the model that was synced
+// after every successful sync of the primary, and after Add programmed a
+// member (a full sync): the conntrack reconciler.
 func (f *Fanout) SetAfterSync(fn func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)) {
 	f.mu.Lock()
 	f.afterSync = fn
@@ -381,6 +382,11 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 		if _, err := f.syncMember(ctx, nm, dataplane.SyncRequest{Model: f.model.Load(), Full: true}); err != nil {
 			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
 		}
+	}
+	if snap := f.model.Load(); snap != nil && f.afterSync != nil {
+		// Its rules translate from now on, serving or not: the first
+		// mode of a node (the start-up switch) serves from here.
+		f.afterSync(ctx, snap, nil, true)
 	}
 	for i, m := range f.members {
 		if m.mode == mode {

@@ -382,3 +382,40 @@ func TestResyncGivesWayToSwitchSteps(t *testing.T) {
 		t.Errorf("Check read back %d times; want 1 (a skipped resync leaves its read valid)", nft.reads)
 	}
 }
+
+// TestAfterSyncFollowsEveryProgramming: the conntrack reconciler runs
+// after a member is programmed (Add: the node's first mode serves from
+// there, before any sync of a primary), and after each sync of the
+// primary, with what that sync changed.
+func TestAfterSyncFollowsEveryProgramming(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	type call struct {
+		snap *model.Snapshot
+		full bool
+	}
+	var got []call
+	f.SetAfterSync(func(_ context.Context, snap *model.Snapshot, _ model.ChangeSet, full bool) {
+		got = append(got, call{snap, full})
+	})
+	first, second := &model.Snapshot{}, &model.Snapshot{}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: first, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("a sync with no member ran it: %+v", got)
+	}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, &countingBackend{mode: v1alpha1.ModeNFTables}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != (call{first, true}) {
+		t.Fatalf("after programming the first mode: %+v, want one full call with the model", got)
+	}
+	f.SetPrimary(v1alpha1.ModeNFTables)
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: second}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1] != (call{second, false}) {
+		t.Fatalf("after a partial sync of the primary: %+v", got)
+	}
+}

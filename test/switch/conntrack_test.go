@@ -1,6 +1,7 @@
 package switchtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -83,13 +84,40 @@ func (w *world) connectFrom(sport int, addr netip.AddrPort, timeout time.Duratio
 // entry, which its retransmissions, and any connection from the same
 // source port, would follow for two minutes (kubernetes/kubernetes#48719).
 // Once the Service is programmed the agent deletes that entry, so a
-// connection from the same source port reaches an endpoint at once.
+// connection from the same source port reaches an endpoint at once: for a
+// SYN sent before the agent's first sync (the node's first mode is
+// programmed by the start-up switch), and for one sent before a Service
+// was created.
 func TestTCPSynBeforeTheService(t *testing.T) {
 	w := newWorld(t, v1alpha1.ModeNFTables)
+	// Another program's stateful rule, as every real node has (a CNI's,
+	// the kubelet's): without one the namespace tracks no connection.
+	if _, err := w.lab.Node.NS.NS().Output(context.Background(), nil, "nft",
+		"add table inet other-program; add chain inet other-program pre { type filter hook prerouting priority 0; }; add rule inet other-program pre ct state new counter"); err != nil {
+		t.Fatalf("nft: %v", err)
+	}
+	web := netip.AddrPortFrom(webIP, 80)
+	const early, sport = 40079, 40080
+	if err := w.connectFrom(early, web, 300*time.Millisecond); err == nil {
+		t.Fatalf("%s answered before the agent ran", web)
+	}
+	if n := w.untranslatedSynSent(web); n != 1 {
+		t.Fatalf("want one untranslated SYN_SENT entry to %s on the node, have %d", web, n)
+	}
 	w.startAgent()
 	w.waitActive(v1alpha1.ModeNFTables)
+	deadline := time.Now().Add(5 * time.Second)
+	for w.untranslatedSynSent(web) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the untranslated SYN_SENT entry to %s is still on the node after the first sync", web)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := w.connectFrom(early, web, time.Second); err != nil {
+		t.Fatalf("from source port %d, the one of the SYN before the first sync: %v", early, err)
+	}
+
 	late := netip.AddrPortFrom(netip.MustParseAddr("198.19.0.80"), 80)
-	const sport = 40080
 
 	// The SYN leaves the node untranslated (to the Beyond namespace,
 	// where nothing answers it).
@@ -101,7 +129,7 @@ func TestTCPSynBeforeTheService(t *testing.T) {
 	}
 
 	w.service("late", corev1.ProtocolTCP, late.Addr(), int32(late.Port()), 0, w.pods...)
-	deadline := time.Now().Add(15 * time.Second)
+	deadline = time.Now().Add(15 * time.Second)
 	for {
 		// From fresh source ports: the rules are there.
 		if _, err := w.lab.Client.NS.Request(netlab.TCP, late, time.Second); err == nil {
