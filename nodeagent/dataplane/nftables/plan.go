@@ -125,11 +125,7 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	for _, name := range slices.Sorted(maps.Keys(kt.sets)) {
 		s := sets[name]
 		switch {
-		case s == nil || !s.sameDefinition(kt.sets[name]) || s.endpointMap():
-			// The endpoint maps are created anew rather than flushed: a
-			// rule that looks a map up makes the kernel walk the map's
-			// elements, flushed ones too, and a full sync rewrites every
-			// such rule.
+		case s == nil || !s.sameDefinition(kt.sets[name]):
 			ops = append(ops, op{kind: opDelSet, name: name, set: s})
 		case s.dynamic():
 			keep[name] = true

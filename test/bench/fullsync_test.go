@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
+	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/test/netlab"
+)
+
+// TestFullSyncKeepsServing: full syncs of an nftables table that serves
+// 10 000 services (what a periodic resync that found drift, or a sync
+// after a failed incremental one, does) translate every new connection.
+// Linux 6.18 publishes the lookup array of an interval map when the
+// transaction that filled it ends, after the new rules are live: a full
+// sync that created the endpoint maps anew left each new connection
+// untranslated for about 50 ms at the end of its commit (10 of them
+// every rewrite here, to the first Service as to the last).
+func TestFullSyncKeepsServing(t *testing.T) {
+	netlab.RequireRoot(t)
+	lab, err := NewLab()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lab.Close() })
+	// No API server: the relay is never used.
+	node, err := lab.NewNode("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+
+	const n, rewrites = 10000, 5
+	sps := make([]*model.ServicePort, 0, n)
+	for i := range n {
+		opts := make([]dt.PortOpt, 0, EndpointsPerService)
+		for e := range EndpointsPerService {
+			ep := nthAddr(fixedPool.Addr(), (i*EndpointsPerService+e)%(1<<(32-fixedPool.Bits())))
+			opts = append(opts, dt.EP(ep.String(), EndpointPort))
+		}
+		a := ServiceAddr(i)
+		sps = append(sps, dt.Svc(namespace, ServiceName(i), "http", a.Addr().String(), int32(a.Port()), opts...))
+	}
+	m := dt.Snapshot(sps...)
+	b, err := nftables.New(dataplane.NodeConfig{MasqueradeBit: 14}, nftables.WithNetNS(node.NS.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	targets := []netip.AddrPort{ServiceAddr(0), ServiceAddr(n / 2), ServiceAddr(n - 1)}
+	for _, tg := range targets {
+		if _, _, err := node.Ask(ctx, tg, ProbeTimeout); err != nil {
+			t.Fatalf("%s before the full syncs: %v", tg, err)
+		}
+	}
+	pr := startProber(ctx, node, targets, 5*time.Millisecond)
+	for range rewrites {
+		time.Sleep(500 * time.Millisecond)
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	connects, failures, sample := pr.stop()
+	if failures > 0 {
+		t.Errorf("%d of %d new connections failed during %d full syncs: %v", failures, connects, rewrites, sample)
+	}
+	if connects < 100 {
+		t.Errorf("only %d connections during the full syncs", connects)
+	}
+	t.Logf("%d connections during %d full syncs of %d services", connects, rewrites, n)
+}
