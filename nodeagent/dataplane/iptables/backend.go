@@ -337,7 +337,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 
 // cleanupVariant removes proxyshift's objects from one variant, both
 // families. A variant whose tools are missing holds nothing to remove; a
-// family whose iptables-save fails is an error only if strict (for the
+// family whose tables cannot be read is an error only if strict (for the
 // variant the backend programs): in the other variant it means the
 // variant does not work here, so no rule of it can be in the way.
 func cleanupVariant(ctx context.Context, r runner, strict bool) ([]string, error) {
@@ -346,23 +346,48 @@ func cleanupVariant(ctx context.Context, r runner, strict bool) ([]string, error
 	}
 	var removed []string
 	for _, f := range families {
-		cur, err := r.read(ctx, f, nil, false)
+		lines, err := r.cleanup(ctx, f, strict)
+		removed = append(removed, lines...)
 		if err != nil {
-			if strict {
-				return removed, err
-			}
-			continue
-		}
-		input, lines := cleanupRestore(cur, r.tool(f))
-		if input == nil {
-			continue
-		}
-		if err := r.restore(ctx, f, input); err != nil {
 			return removed, err
 		}
-		removed = append(removed, lines...)
 	}
 	return removed, nil
+}
+
+// cleanup removes proxyshift's objects from family f of r's variant:
+// iptables-nft's over netlink, in one transaction (removeNFT),
+// iptables-legacy's with one iptables-restore. Tables that cannot be
+// read are an error only if strict (see cleanupVariant).
+func (r runner) cleanup(ctx context.Context, f *family, strict bool) ([]string, error) {
+	var cur savedTables
+	var err error
+	if r.variant == NFT {
+		// Only the chains: removeNFT finds the jump rules by verdict.
+		cur, err = nftTables(ctx, r.netns, f, false)
+		if err != nil {
+			err = fmt.Errorf("iptables: read %s's tables over netlink: %w", r.tool(f), err)
+		}
+	} else {
+		cur, err = r.read(ctx, f, nil, false)
+	}
+	if err != nil {
+		if strict {
+			return nil, err
+		}
+		return nil, nil
+	}
+	if r.variant == NFT {
+		return removeNFT(r.netns, f, cur, r.tool(f))
+	}
+	input, lines := cleanupRestore(cur, r.tool(f))
+	if input == nil {
+		return nil, nil
+	}
+	if err := r.restore(ctx, f, input); err != nil {
+		return nil, err
+	}
+	return lines, nil
 }
 
 // sharedChains are the fixed chains whose rules belong to service ports.

@@ -86,6 +86,30 @@ func BenchmarkProgrammed(b *testing.B) {
 	})
 }
 
+// BenchmarkCleanup measures Cleanup of a node holding the model: what a
+// switch out of iptables does in its CleaningUp phase. Each round's full
+// sync, which puts the model back, is not timed.
+func BenchmarkCleanup(b *testing.B) {
+	forEachSize(b, func(b *testing.B, v Variant, n int) {
+		be, m := syncedBackend(b, v, n)
+		ctx := context.Background()
+		for b.Loop() {
+			removed, err := be.Cleanup(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(removed) < n {
+				b.Fatalf("cleanup removed %d objects of %d services", len(removed), n)
+			}
+			b.StopTimer()
+			if _, err := be.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+}
+
 // syncedBackend is a backend of variant v in a namespace of its own,
 // holding the benchmark model of n services after one full sync.
 func syncedBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapshot) {

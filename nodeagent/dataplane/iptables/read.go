@@ -121,8 +121,8 @@ func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (sa
 
 // presenceChains are the fixed chain of each table that every sync
 // creates in each family it programs, and a cleanup removes with the
-// table's other chains in one restore: while any is there, so are proxyshift's rules
-// (on a node left half cleaned up too).
+// table's other chains in one transaction (or restore): while any is
+// there, so are proxyshift's rules (on a node left half cleaned up too).
 var presenceChains = map[string]string{tableNAT: chainServices, tableFilter: chainFilter}
 
 // holdsPresenceChain says whether family f holds one of presenceChains.

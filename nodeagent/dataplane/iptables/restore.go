@@ -289,6 +289,17 @@ func sharedOf(pr *portRules, table string) map[sharedRule]bool {
 	return m
 }
 
+// removedRule and removedChain say what a cleanup removed: a rule of a
+// built-in chain that led into proxyshift's chain target, or one of
+// proxyshift's chains, as the iptables tool tool names them.
+func removedRule(tool, table, chain, target string) string {
+	return fmt.Sprintf("%s %s rule %s -> %s", tool, table, chain, target)
+}
+
+func removedChain(tool, table, chain string) string {
+	return fmt.Sprintf("%s %s chain %s", tool, table, chain)
+}
+
 // cleanupRestore returns the input that removes every proxyshift object
 // from the tables cur describes: the rules of built-in chains that lead
 // into a proxyshift chain, and every proxyshift chain (flushed, then
@@ -310,12 +321,12 @@ func cleanupRestore(cur savedTables, tool string) ([]byte, []string) {
 				for _, spec := range saved.rules[c] {
 					if tgt := target(spec); owned(tgt) {
 						t.head.del = append(t.head.del, "-D "+c+" "+spec)
-						removed = append(removed, fmt.Sprintf("%s %s rule %s -> %s", tool, t.name, c, tgt))
+						removed = append(removed, removedRule(tool, t.name, c, tgt))
 					}
 				}
 			} else if owned(c) {
 				t.stale(c)
-				removed = append(removed, fmt.Sprintf("%s %s chain %s", tool, t.name, c))
+				removed = append(removed, removedChain(tool, t.name, c))
 			}
 		}
 	}
