@@ -82,7 +82,8 @@ func (b *Backend) verifyChains(r *nft.Reader, f *family, want wanted) (string, e
 	for name, c := range want.chains {
 		k := have[name]
 		if k == nil {
-			return "chain " + name + " is missing", nil
+			// The counts tell one lost chain from a listing cut short.
+			return fmt.Sprintf("chain %s is missing (the kernel listed %d chains of the table, %d expected)", name, len(have), len(want.chains)), nil
 		}
 		if !c.SameHook(k) {
 			return "chain " + name + " has another hook", nil
