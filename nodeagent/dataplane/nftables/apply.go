@@ -6,11 +6,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 )
 
-// encodeEvery is how many operations are queued between two encodings
-// of the transaction (nft.Txn.Encode): it bounds what the library holds
-// at once to a few thousand messages.
-const encodeEvery = 1024
-
 // queue turns a plan into google/nftables calls on t's connection, for the
 // table of family f. Nothing reaches the kernel before the transaction
 // commits.
@@ -19,12 +14,7 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 	table := &nftables.Table{Name: TableName, Family: f.Table}
 	chainRef := func(name string) *nftables.Chain { return &nftables.Chain{Name: name, Table: table} }
 	var setID uint32
-	for i, o := range ops {
-		if i > 0 && i%encodeEvery == 0 {
-			if err := t.Encode(); err != nil {
-				return err
-			}
-		}
+	for _, o := range ops {
 		switch o.kind {
 		case opAddTable:
 			conn.AddTable(table)
@@ -59,6 +49,9 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 			if err := nft.DeleteElements(conn, o.set.kernel(table), o.elems, (*element).kernel); err != nil {
 				return err
 			}
+		}
+		if err := t.Queued(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -53,7 +53,14 @@ type Txn struct {
 	// sent records that the batch went out and err what the kernel said.
 	sent bool
 	err  error
+	// queued counts the operations Queued was told of.
+	queued int
 }
+
+// encodeEvery is how many operations Queued lets pass between two
+// encodings of the transaction: it bounds what the library holds at once
+// to a few thousand messages.
+const encodeEvery = 1024
 
 // NewTxn returns an empty transaction for the network namespace netns.
 func NewTxn(netns nsexec.NS) *Txn {
@@ -71,6 +78,16 @@ func (t *Txn) Conn() *nftables.Conn { return t.conn }
 // changes nothing of what Commit sends. It returns the library's error
 // for a message it could not build.
 func (t *Txn) Encode() error { return t.conn.Flush() }
+
+// Queued tells t that one more operation was queued on Conn, and encodes
+// the batch so far (Encode) after every encodeEvery of them: a caller
+// queueing a large transaction calls it after each operation.
+func (t *Txn) Queued() error {
+	if t.queued++; t.queued%encodeEvery == 0 {
+		return t.Encode()
+	}
+	return nil
+}
 
 // Commit sends the queued batch and reports the kernel's verdict on it:
 // nil when it applied the whole batch, the first failing message's error
