@@ -20,7 +20,10 @@
 //     to the kernel in one sendmsg and applied whole or not at all; and
 //     the dumps that read a table back in one request each (the family's
 //     chains, a table's or a chain's rule counts), which google/nftables
-//     can only do chain by chain, in 32 KiB batches where it reads 4 KiB.
+//     can only do chain by chain, in 32 KiB batches where it reads 4 KiB,
+//     and taken again when another program's commit lands during one
+//     that walks its objects too (the kernel resumes such a dump by
+//     counting, so it would skip or repeat some of ours).
 //
 // The package knows nothing of services: the backends decide what to
 // program, this package says it to the kernel.
