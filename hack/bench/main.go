@@ -105,7 +105,7 @@ func run(plan bench.Plan, programs, kubeProxy, agent, assets, sizeList string, t
 		fmt.Printf("%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
 	started := time.Now()
-	env, err := testenv.Launch(assets, dir)
+	env, err := testenv.LaunchAdvertising(assets, dir, bench.APIAdvertiseIP)
 	if err != nil {
 		return err
 	}

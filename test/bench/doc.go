@@ -32,7 +32,11 @@
 //
 // The lab (see Lab): the node namespace, where the program under test runs
 // (through `ip netns exec`), reaches the API server on the root
-// namespace's loopback through a relay listening on its own loopback; a
+// namespace's loopback through a relay listening on its own loopback,
+// and through the kubernetes Service too: the API server advertises
+// APIAdvertiseIP, which the node namespace holds, with a second relay at
+// the API server's port (so the agent's probes of that Service answer,
+// as in a cluster; they used to wait 2 s for it in every switch); a
 // veth joins it to the backends namespace, which takes every address of
 // EndpointCIDR as local (an AnyIP route) and answers on the endpoints'
 // port with the address the connection reached, so the prober knows which

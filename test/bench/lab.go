@@ -30,6 +30,10 @@ var (
 	EndpointCIDR = netip.MustParsePrefix("198.18.128.0/17")
 	// ServiceCIDR is the API server's service range (testenv.ServiceCIDR).
 	ServiceCIDR = netip.MustParsePrefix("198.19.0.0/16")
+	// APIAdvertiseIP is where the API server says it is (the endpoint of
+	// the default/kubernetes Service; testenv.LaunchAdvertising): each
+	// node namespace holds it and relays its API port to the API server.
+	APIAdvertiseIP = netip.MustParseAddr("198.18.127.254")
 )
 
 // EndpointPort is the port the backends answer on (the Services' target port).
@@ -149,18 +153,19 @@ func (l *Lab) Close() error {
 }
 
 // Node is the namespace one program runs in, wired to the backends and
-// with a relay to the API server on its loopback.
+// with relays to the API server on its loopback and on APIAdvertiseIP.
 type Node struct {
 	NS *netlab.NetNS
 	// APIServer is the relay's address inside NS ("127.0.0.1:port").
 	APIServer string
-	relay     *netlab.Forwarder
+	relays    []*netlab.Forwarder
 	lab       *Lab
 }
 
 // NewNode creates a fresh node namespace: a veth to the backends, a
-// default route through them, and a relay from its loopback to apiServer
-// (an address on the root namespace's loopback).
+// default route through them, and relays to apiServer (an address on the
+// root namespace's loopback) from its loopback and from APIAdvertiseIP at
+// apiServer's port.
 func (l *Lab) NewNode(apiServer string) (*Node, error) {
 	ns, err := netlab.CreateNetNS(nsName("node"))
 	if err != nil {
@@ -201,15 +206,31 @@ func (n *Node) wire(l *Lab, apiServer string) error {
 		return fmt.Errorf("API relay in %s: %w", n.NS.Name, err)
 	}
 	n.APIServer = ln.Addr().String()
-	n.relay = netlab.Forward(ln, apiServer, (&net.Dialer{}).DialContext)
+	n.relays = append(n.relays, netlab.Forward(ln, apiServer, (&net.Dialer{}).DialContext))
+	// The API server's advertised address, with its port: a program in
+	// the namespace that dials the kubernetes Service reaches the API
+	// server through it (the agent's probes during a switch do), as it
+	// would in a cluster.
+	if err := n.NS.AddAddr("lo", netip.PrefixFrom(APIAdvertiseIP, 32)); err != nil {
+		return err
+	}
+	_, port, err := net.SplitHostPort(apiServer)
+	if err != nil {
+		return fmt.Errorf("API server address %q: %w", apiServer, err)
+	}
+	adv, err := n.NS.Listen("tcp4", net.JoinHostPort(APIAdvertiseIP.String(), port))
+	if err != nil {
+		return fmt.Errorf("API relay on the advertised address in %s: %w", n.NS.Name, err)
+	}
+	n.relays = append(n.relays, netlab.Forward(adv, apiServer, (&net.Dialer{}).DialContext))
 	return nil
 }
 
-// Close stops the relay, removes the veth (at once: a namespace's links
+// Close stops the relays, removes the veth (at once: a namespace's links
 // go only when the kernel gets round to freeing it) and the namespace.
 func (n *Node) Close() error {
-	if n.relay != nil {
-		n.relay.Close()
+	for _, r := range n.relays {
+		r.Close()
 	}
 	err := n.lab.Backends.DeleteLink(linkBackends)
 	return errors.Join(err, n.NS.Delete())

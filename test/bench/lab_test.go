@@ -14,7 +14,8 @@ import (
 
 // TestLabAnswersAsEveryEndpoint checks the lab the benchmark rests on:
 // from a node namespace, any address of EndpointCIDR answers with itself,
-// the API relay reaches a server on the root namespace's loopback, and
+// the API relays (on the node's loopback, and on the address the API
+// server advertises) reach a server on the root namespace's loopback, and
 // closing removes both namespaces.
 func TestLabAnswersAsEveryEndpoint(t *testing.T) {
 	netlab.RequireRoot(t)
@@ -55,15 +56,18 @@ func TestLabAnswersAsEveryEndpoint(t *testing.T) {
 	if !EndpointCIDR.Contains(freshPool.Addr()) || fixedPool.Contains(freshPool.Addr()) {
 		t.Errorf("pools overlap or leave EndpointCIDR: fixed %s fresh %s", fixedPool, freshPool)
 	}
-	c, err := node.NS.DialContext(ctx, "tcp4", node.APIServer)
-	if err != nil {
-		t.Fatalf("relay: %v", err)
+	_, port, _ := net.SplitHostPort(api.Addr().String())
+	for _, addr := range []string{node.APIServer, net.JoinHostPort(APIAdvertiseIP.String(), port)} {
+		c, err := node.NS.DialContext(ctx, "tcp4", addr)
+		if err != nil {
+			t.Fatalf("relay %s: %v", addr, err)
+		}
+		buf := make([]byte, 4)
+		if _, err := c.Read(buf); err != nil || string(buf) != "api\n" {
+			t.Errorf("relay %s answered %q, %v", addr, buf, err)
+		}
+		_ = c.Close()
 	}
-	buf := make([]byte, 4)
-	if _, err := c.Read(buf); err != nil || string(buf) != "api\n" {
-		t.Errorf("relay answered %q, %v", buf, err)
-	}
-	_ = c.Close()
 	names := []string{node.NS.Name, lab.Backends.Name}
 	if err := node.Close(); err != nil {
 		t.Error(err)

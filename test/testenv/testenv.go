@@ -6,6 +6,7 @@ package testenv
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,6 +94,17 @@ func start(t testing.TB, serviceCIDRs string) *Env {
 // kubeconfig into dir, for programs that run outside a test (benchmarks);
 // the caller stops it with Stop.
 func Launch(assets, dir string) (*Env, error) { return launch(assets, dir, ServiceCIDR) }
+
+// LaunchAdvertising is Launch with the API server advertising addr (its
+// --advertise-address: the endpoint of the default/kubernetes Service)
+// instead of 127.0.0.1, which no other network namespace can reach: a
+// lab that answers on addr inside its node namespace lets the programs
+// there reach the API server through that Service.
+func LaunchAdvertising(assets, dir string, addr netip.Addr) (*Env, error) {
+	return launch(assets, dir, ServiceCIDR, func(env *envtest.Environment) {
+		env.ControlPlane.GetAPIServer().Configure().Set("advertise-address", addr.String())
+	})
+}
 
 // launch starts the control plane; each configure function may set more
 // flags of the API server before it starts (LaunchAudited).
