@@ -16,9 +16,8 @@ import (
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
-// udpEntries counts the node's UDP conntrack entries by original
-// destination and reply source.
-func (w *world) udpEntries() map[string]int {
+// flows lists the node's IPv4 conntrack entries.
+func (w *world) flows() []*netlink.ConntrackFlow {
 	w.t.Helper()
 	h, err := netlink.NewHandleAt(w.lab.Node.NS.Handle, unix.NETLINK_NETFILTER)
 	if err != nil {
@@ -29,8 +28,15 @@ func (w *world) udpEntries() map[string]int {
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	return flows
+}
+
+// udpEntries counts the node's UDP conntrack entries by original
+// destination and reply source.
+func (w *world) udpEntries() map[string]int {
+	w.t.Helper()
 	out := map[string]int{}
-	for _, f := range flows {
+	for _, f := range w.flows() {
 		if f.Forward.Protocol != unix.IPPROTO_UDP {
 			continue
 		}
@@ -46,17 +52,8 @@ func key(dst netip.AddrPort, reply netip.Addr) string { return fmt.Sprintf("%s>%
 // nothing translated.
 func (w *world) untranslatedSynSent(dst netip.AddrPort) int {
 	w.t.Helper()
-	h, err := netlink.NewHandleAt(w.lab.Node.NS.Handle, unix.NETLINK_NETFILTER)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	defer h.Close()
-	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
-	if err != nil {
-		w.t.Fatal(err)
-	}
 	n := 0
-	for _, f := range flows {
+	for _, f := range w.flows() {
 		tcp, _ := f.ProtoInfo.(*netlink.ProtoInfoTCP)
 		if f.Forward.Protocol == unix.IPPROTO_TCP && tcp != nil && tcp.State == 1 /* SYN_SENT */ &&
 			f.Forward.DstIP.Equal(dst.Addr().AsSlice()) && f.Forward.DstPort == dst.Port() && f.Reverse.SrcIP.Equal(dst.Addr().AsSlice()) {
