@@ -63,6 +63,20 @@ func (w *world) untranslatedSynSent(dst netip.AddrPort) int {
 	return n
 }
 
+// waitUntranslatedGone waits up to 5 s for the node to hold no
+// untranslated SYN_SENT entry to dst (untranslatedSynSent); when says
+// what should have removed it.
+func (w *world) waitUntranslatedGone(dst netip.AddrPort, when string) {
+	w.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.untranslatedSynSent(dst) > 0 {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("the untranslated SYN_SENT entry to %s is still on the node %s", dst, when)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // connectFrom opens (and closes) a TCP connection from the client's
 // source port sport to addr, within timeout.
 func (w *world) connectFrom(sport int, addr netip.AddrPort, timeout time.Duration) error {
@@ -103,13 +117,7 @@ func TestTCPSynBeforeTheService(t *testing.T) {
 	}
 	w.startAgent()
 	w.waitActive(v1alpha1.ModeNFTables)
-	deadline := time.Now().Add(5 * time.Second)
-	for w.untranslatedSynSent(web) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the untranslated SYN_SENT entry to %s is still on the node after the first sync", web)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	w.waitUntranslatedGone(web, "after the first sync")
 	if err := w.connectFrom(early, web, time.Second); err != nil {
 		t.Fatalf("from source port %d, the one of the SYN before the first sync: %v", early, err)
 	}
@@ -126,7 +134,7 @@ func TestTCPSynBeforeTheService(t *testing.T) {
 	}
 
 	w.service("late", corev1.ProtocolTCP, late.Addr(), int32(late.Port()), 0, w.pods...)
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for {
 		// From fresh source ports: the rules are there.
 		if _, err := w.lab.Client.NS.Request(netlab.TCP, late, time.Second); err == nil {
@@ -139,13 +147,7 @@ func TestTCPSynBeforeTheService(t *testing.T) {
 	}
 	// The entry goes right after the sync that programmed the Service;
 	// without the agent it would stay for two minutes.
-	deadline = time.Now().Add(5 * time.Second)
-	for w.untranslatedSynSent(late) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the untranslated SYN_SENT entry to %s is still on the node", late)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	w.waitUntranslatedGone(late, "after the Service was programmed")
 	if err := w.connectFrom(sport, late, time.Second); err != nil {
 		t.Fatalf("from source port %d, the one of the early SYN: %v", sport, err)
 	}
