@@ -40,7 +40,7 @@ type Fanout struct {
 	// a skipped resync returns.
 	served atomic.Pointer[dataplane.Counts]
 	// afterSync runs after every successful sync of the primary and
-	// after Add, under the lock (see SetAfterSync).
+	// after Add without one, under the lock (see SetAfterSync).
 	afterSync func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)
 	// onPrimary receives every sync of the primary (of every member
 	// while there is none: on a node that served no mode, the mode being
@@ -208,7 +208,8 @@ func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{})} }
 
 // SetAfterSync sets a function to run with the model that was synced
 // after every successful sync of the primary, and after Add programmed a
-// member (a full sync): the conntrack reconciler.
+// member while there was no primary (a full sync): the conntrack
+// reconciler.
 func (f *Fanout) SetAfterSync(fn func(ctx context.Context, snap *model.Snapshot, changed model.ChangeSet, full bool)) {
 	f.mu.Lock()
 	f.afterSync = fn
@@ -383,9 +384,10 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 			return nil, fmt.Errorf("%s: full sync: %w", mode, err)
 		}
 	}
-	if snap := f.model.Load(); snap != nil && f.afterSync != nil {
-		// Its rules translate from now on, serving or not: the first
-		// mode of a node (the start-up switch) serves from here.
+	if snap := f.model.Load(); snap != nil && f.afterSync != nil && f.primary == "" {
+		// No mode of ours served: its rules are the first to translate
+		// (the start-up switch, a takeover from kube-proxy). Where one
+		// does, its syncs have run it already.
 		f.afterSync(ctx, snap, nil, true)
 	}
 	for i, m := range f.members {

@@ -384,9 +384,10 @@ func TestResyncGivesWayToSwitchSteps(t *testing.T) {
 }
 
 // TestAfterSyncFollowsEveryProgramming: the conntrack reconciler runs
-// after a member is programmed (Add: the node's first mode serves from
-// there, before any sync of a primary), and after each sync of the
-// primary, with what that sync changed.
+// after a member is programmed while no mode of ours serves (Add: the
+// node's first mode serves from there, before any sync of a primary), and
+// after each sync of the primary, with what that sync changed; not after
+// a switch's new mode is programmed beside the primary.
 func TestAfterSyncFollowsEveryProgramming(t *testing.T) {
 	ctx := context.Background()
 	f := NewFanout()
@@ -417,5 +418,13 @@ func TestAfterSyncFollowsEveryProgramming(t *testing.T) {
 	}
 	if len(got) != 2 || got[1] != (call{second, false}) {
 		t.Fatalf("after a partial sync of the primary: %+v", got)
+	}
+	// A switch's new mode, while the primary serves: the primary's syncs
+	// have run it for that model already.
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, &countingBackend{mode: v1alpha1.ModeIPTables}, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("programming a second mode beside the primary ran it: %+v", got)
 	}
 }
