@@ -35,10 +35,6 @@ func removeNFT(netns nsexec.NS, f *family, cur savedTables, tool string) ([]stri
 		return nil, err
 	}
 	txn := nft.NewTxn(netns)
-	queue := func(add func()) error {
-		add()
-		return txn.Queued()
-	}
 	var removed []string
 	var chains []*nftables.Chain
 	for _, name := range slices.Sorted(maps.Keys(cur)) {
@@ -57,13 +53,17 @@ func removeNFT(netns nsexec.NS, f *family, cur savedTables, tool string) ([]stri
 					if !owned(tgt) {
 						continue
 					}
-					if err := queue(func() { _ = txn.Conn().DelRule(rule) }); err != nil {
+					if err := txn.Conn().DelRule(rule); err != nil {
+						return nil, fmt.Errorf("iptables: delete %s's %s rule %s -> %s: %w", tool, name, c, tgt, err)
+					}
+					if err := txn.Queued(); err != nil {
 						return nil, err
 					}
 					removed = append(removed, removedRule(tool, name, c, tgt))
 				}
 			case owned(c):
-				if err := queue(func() { txn.Conn().FlushChain(chain) }); err != nil {
+				txn.Conn().FlushChain(chain)
+				if err := txn.Queued(); err != nil {
 					return nil, err
 				}
 				chains = append(chains, chain)
@@ -75,7 +75,8 @@ func removeNFT(netns nsexec.NS, f *family, cur savedTables, tool string) ([]stri
 		return nil, nil
 	}
 	for _, chain := range chains {
-		if err := queue(func() { txn.Conn().DelChain(chain) }); err != nil {
+		txn.Conn().DelChain(chain)
+		if err := txn.Queued(); err != nil {
 			return nil, err
 		}
 	}
