@@ -117,7 +117,7 @@ func Build(snap *model.Snapshot, family corev1.IPFamily, nodeIPs []netip.Addr) *
 // did not have: of every TCP port when all is set, else of the ports in
 // changed. Every address of every port is new when prev is nil.
 func newTCPFrontends(snap, prev *model.Snapshot, family corev1.IPFamily, changed model.ChangeSet, all bool) map[netip.AddrPort]bool {
-	out := map[netip.AddrPort]bool{}
+	var out map[netip.AddrPort]bool
 	all = all || prev == nil
 	ports := snap.Ports[family]
 	var before map[model.ServicePortName]*model.ServicePort
@@ -138,6 +138,9 @@ func newTCPFrontends(snap, prev *model.Snapshot, family corev1.IPFamily, changed
 		}
 		for _, a := range frontendAddrs(sp) {
 			if !slices.Contains(had, a) {
+				if out == nil {
+					out = map[netip.AddrPort]bool{}
+				}
 				out[a] = true
 			}
 		}
@@ -259,12 +262,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, snap *model.Snapshot, change
 	}
 	var todo []*Frontends
 	for _, fam := range families {
+		newTCP := newTCPFrontends(snap, prev, fam, changed, full)
+		if !udp && len(newTCP) == 0 {
+			continue // the common sync: nothing to build, nothing to read
+		}
 		udpSnap := snap
 		if !udp {
 			udpSnap = nil
 		}
 		f := Build(udpSnap, fam, nodeIPs)
-		f.newTCP = newTCPFrontends(snap, prev, fam, changed, full)
+		f.newTCP = newTCP
 		if !f.Empty() {
 			todo = append(todo, f)
 		}

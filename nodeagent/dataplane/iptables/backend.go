@@ -360,25 +360,23 @@ func cleanupVariant(ctx context.Context, r runner, strict bool) ([]string, error
 // iptables-legacy's with one iptables-restore. Tables that cannot be
 // read are an error only if strict (see cleanupVariant).
 func (r runner) cleanup(ctx context.Context, f *family, strict bool) ([]string, error) {
-	var cur savedTables
-	var err error
-	if r.variant == NFT {
-		// Only the chains: removeNFT finds the jump rules by verdict.
-		cur, err = nftTables(ctx, r.netns, f, false)
-		if err != nil {
-			err = fmt.Errorf("iptables: read %s's tables over netlink: %w", r.tool(f), err)
-		}
-	} else {
-		cur, err = r.read(ctx, f, nil, false)
-	}
-	if err != nil {
+	unreadable := func(err error) ([]string, error) {
 		if strict {
 			return nil, err
 		}
 		return nil, nil
 	}
 	if r.variant == NFT {
+		// Only the chains: removeNFT finds the jump rules by verdict.
+		cur, err := nftTables(ctx, r.netns, f, false)
+		if err != nil {
+			return unreadable(fmt.Errorf("iptables: read %s's tables over netlink: %w", r.tool(f), err))
+		}
 		return removeNFT(r.netns, f, cur, r.tool(f))
+	}
+	cur, err := r.read(ctx, f, nil, false)
+	if err != nil {
+		return unreadable(err)
 	}
 	input, lines := cleanupRestore(cur, r.tool(f))
 	if input == nil {

@@ -15,9 +15,10 @@ import (
 // Removing proxyshift's objects from iptables-nft's tables. Handed the
 // cleanup's lines (delete the jump rules, flush and delete every chain),
 // iptables-nft-restore first reads every rule of the tables into its
-// cache: a cleanup at 10 000 services (110 000 chains, 320 000 rules) took
-// 7.7 s that way, 3.2 s this way (BenchmarkCleanup/nft/10k). The same change is one nf_tables
-// transaction built from the chain dump the cleanup reads anyway: the
+// cache: a cleanup at 10 000 services (110 000 chains, 320 000 rules)
+// took 7.7 s that way, 3.2 s this way (BenchmarkCleanup/nft/10k). The
+// same change is one nf_tables transaction built from the chain dump the
+// cleanup reads anyway: the
 // rules of the built-in chains that jump or go to a proxyshift chain
 // (found by their verdicts, deleted by handle), then every proxyshift
 // chain flushed, then each deleted. A chain can be deleted only once no

@@ -141,9 +141,11 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 // The kernel sends a dump in batches and resumes each by counting the
 // objects it walks up to where the last one ended: the chains of every
 // table of the family, the tables, or a table's rules. A commit between
-// two batches (any program's: iptables-nft deleting its 110 000 chains
-// during a switch's cleanup, kube-proxy's sync) shifts that count, and
-// the dump skips or repeats as many objects, ours among them. The kernel
+// two batches that adds or deletes objects before that point shifts the
+// count (iptables-nft deleting its 110 000 chains during a switch's
+// cleanup, for a dump of chains; kube-proxy's sync, for a dump of the nat
+// table it shares with proxyshift's iptables mode), and the dump skips
+// or repeats as many objects, ours among them. The kernel
 // flags such a dump (NLM_F_DUMP_INTR), but when the commit lands during
 // the last batch the flag is on the dump's closing message alone, which
 // mdlayher/netlink drops: hence the generation reads.
