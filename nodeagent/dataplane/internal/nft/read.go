@@ -149,6 +149,16 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 // flags such a dump (NLM_F_DUMP_INTR), but when the commit lands during
 // the last batch the flag is on the dump's closing message alone, which
 // mdlayher/netlink drops: hence the generation reads.
+//
+// One window stays open: a commit moves the generation a moment before
+// its objects change (nf_tables_commit bumps base_seq, then flips the
+// generation cursor), so a dump whose first read lands in between sees
+// the same generation twice yet the change under way. It takes a commit
+// in those few microseconds, or a committing thread preempted there: on
+// a loaded 2-core machine, with another program committing every few
+// milliseconds, about one dump in a thousand
+// (TestInterruptedDumpsAreTakenAgain); nothing closes it short of
+// waiting for the commit lock before each dump.
 func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	for range dumpAttempts {
 		g0, err := generationOn(c)
