@@ -23,7 +23,8 @@
 //     can only do chain by chain, in 32 KiB batches where it reads 4 KiB,
 //     and taken again when another program's commit lands during one
 //     that walks its objects too (the kernel resumes such a dump by
-//     counting, so it would skip or repeat some of ours).
+//     counting, so it would skip or repeat some of ours), after waiting
+//     for any commit under way to end.
 //
 // The package knows nothing of services: the backends decide what to
 // program, this package says it to the kernel.

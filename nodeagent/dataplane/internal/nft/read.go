@@ -150,19 +150,21 @@ func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *net
 // the last batch the flag is on the dump's closing message alone, which
 // mdlayher/netlink drops: hence the generation reads.
 //
-// One window stays open: a commit moves the generation a moment before
-// its objects change (nf_tables_commit bumps base_seq, then flips the
-// generation cursor), so a dump whose first read lands in between sees
-// the same generation twice yet the change under way. It takes a commit
-// in those few microseconds, or a committing thread preempted there: on
-// a loaded 2-core machine, with another program committing every few
-// milliseconds, about one dump in a thousand
-// (TestInterruptedDumpsAreTakenAgain); nothing closes it short of
-// waiting for the commit lock before each dump.
+// A commit moves the generation a moment before its objects change
+// (nf_tables_commit bumps base_seq, then flips the generation cursor),
+// so a dump whose first read lands in between would see the same
+// generation twice yet the change under way: a window of microseconds,
+// longer when the committing thread is preempted there, which about one
+// dump in a thousand met on a loaded 2-core machine with another program
+// committing every few milliseconds. awaitCommitOn closes it: between
+// the first read and the dump it waits for any commit under way to end.
 func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*netlink.AttributeDecoder)) error {
 	for range dumpAttempts {
 		g0, err := generationOn(c)
 		if err != nil {
+			return err
+		}
+		if err := awaitCommitOn(c); err != nil {
 			return err
 		}
 		msgs, err := ask(c, fam, msgType, netlink.Request|netlink.Dump, ae)
@@ -178,6 +180,27 @@ func dumpOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, ae *netli
 		}
 	}
 	return fmt.Errorf("nft: every one of %d dumps in a row was interrupted by a commit", dumpAttempts)
+}
+
+// awaitCommitOn returns once no commit is under way on the socket c's
+// namespace: it sends an empty batch, which the kernel handles before
+// sendmsg returns, under the lock every commit holds to its end. An
+// empty batch commits nothing, so it neither moves the generation nor
+// answers (no acknowledgement is asked for); it needs CAP_NET_ADMIN,
+// like every write, and a refusal is a message the dump after it
+// reports.
+func awaitCommitOn(c *netlink.Conn) error {
+	batch := func(typ uint16) netlink.Message {
+		// struct nfgenmsg: family, version, resource id (the subsystem).
+		return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request},
+			Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}}
+	}
+	buf := appendMessage(nil, batch(unix.NFNL_MSG_BATCH_BEGIN), 0)
+	buf = appendMessage(buf, batch(unix.NFNL_MSG_BATCH_END), 0)
+	if err := send(c, [][]byte{buf}); err != nil {
+		return fmt.Errorf("nft: wait for a commit under way: %w", err)
+	}
+	return nil
 }
 
 // dumpAttempts bounds how often dumpOn takes a dump that commits keep

@@ -161,8 +161,11 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 	}
 	defer c.Close()
 	// Without the generation reads 28 to 40 of the 200 listings were
-	// wrong; with them none, or one on a loaded machine (the kernel's
-	// window between a commit's generation and its objects, see dumpOn).
+	// wrong; with them, before awaitCommitOn, none, or one on a loaded
+	// machine (the kernel's window between a commit's generation and its
+	// objects, see dumpOn, which TestAwaitCommitWaitsForTheCommitUnderWay
+	// covers). The tolerance is that window's, for a kernel without the
+	// lock awaitCommitOn relies on.
 	const listings, tolerated = 200, 5
 	var wrong []string
 	for i := range listings {
@@ -187,4 +190,79 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 	if commits := <-done; commits < 10 {
 		t.Fatalf("the other program committed only %d times during the listings: nothing was tested", commits)
 	}
+}
+
+// TestAwaitCommitWaitsForTheCommitUnderWay checks what closes dumpOn's
+// last window: awaitCommitOn, called while another program's long
+// commit is under way, returns only once that commit is in place (the
+// generation moved), and itself moves nothing and leaves no answer on
+// the socket.
+func TestAwaitCommitWaitsForTheCommitUnderWay(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "awaitcommit")
+	c, err := dialDumps(ns.NS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	generation := func() uint32 {
+		t.Helper()
+		g, err := generationOn(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+
+	g0 := generation()
+	if err := awaitCommitOn(c); err != nil {
+		t.Fatal(err)
+	}
+	if g := generation(); g != g0 {
+		t.Fatalf("an empty wait moved the generation from %d to %d", g0, g)
+	}
+
+	// A commit of 200 000 chains keeps the kernel busy for a few hundred
+	// milliseconds (about 80 ms for 50 000 on the test machine); the wait
+	// starts 50 ms into it. When the machine was too slow to have begun
+	// by then, or so fast it had finished, the attempt proves nothing and
+	// is made again.
+	const chains, into = 200000, 50 * time.Millisecond
+	for attempt := range 3 {
+		table := &nftables.Table{Name: fmt.Sprintf("busy%d", attempt), Family: nftables.TableFamilyIPv4}
+		txn := NewTxn(ns.NS())
+		txn.Conn().AddTable(table)
+		for i := range chains {
+			txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
+			if err := txn.Queued(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := txn.Encode(); err != nil {
+			t.Fatal(err)
+		}
+		before := generation()
+		committed := make(chan error, 1)
+		go func() { committed <- txn.Commit() }()
+		time.Sleep(into)
+		if g := generation(); g != before {
+			t.Logf("attempt %d: the commit was done within %s", attempt+1, into)
+			if err := <-committed; err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := awaitCommitOn(c); err != nil {
+			t.Fatal(err)
+		}
+		after := generation()
+		if err := <-committed; err != nil {
+			t.Fatal(err)
+		}
+		if after == before {
+			t.Fatalf("awaitCommitOn returned while the commit was under way: generation still %d", after)
+		}
+		return
+	}
+	t.Fatalf("no attempt caught the commit under way: each of the 3 was done within %s", into)
 }
