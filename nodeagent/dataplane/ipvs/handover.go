@@ -310,7 +310,8 @@ func handoverElements(f *family, flows []forwardedFlow) []nftables.SetElement {
 // packets and the chains that drop them at prerouting and output, at
 // raw priority (before conntrack). Deleting the table ends it.
 func (kn *kernel) blockFlows(f *family, flows []forwardedFlow) error {
-	return kn.writeTable(func(c *nftables.Conn) error {
+	return kn.writeTable(func(txn *nft.Txn) error {
+		c := txn.Conn()
 		t := c.AddTable(tableRef(f))
 		addr := f.AddrType
 		set := &nftables.Set{Table: t, Name: setHandover, Concatenation: true,

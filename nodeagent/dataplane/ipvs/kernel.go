@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/google/nftables"
 	libipvs "github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -362,11 +361,11 @@ func (kn *kernel) bindAddrs(ensure bool, bind, unbind []netip.Addr) error {
 // bound before its virtual services exist.
 func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 	if p.replace {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) }); err != nil {
+		if err := kn.writeTable(func(t *nft.Txn) error { return queueTable(t, f, st.chains, p.elems) }); err != nil {
 			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	} else if len(p.preDel)+len(p.add) > 0 {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.preDel, p.add) }); err != nil {
+		if err := kn.writeTable(func(t *nft.Txn) error { return queueElements(t, f, p.preDel, p.add) }); err != nil {
 			return fmt.Errorf("ipvs: write the %s helper table: %w", f.Name, err)
 		}
 	}
@@ -380,7 +379,7 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 		return err
 	}
 	if len(p.postDel) > 0 {
-		if err := kn.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, p.postDel, nil) }); err != nil {
+		if err := kn.writeTable(func(t *nft.Txn) error { return queueElements(t, f, p.postDel, nil) }); err != nil {
 			return fmt.Errorf("ipvs: clean the %s helper table: %w", f.Name, err)
 		}
 	}
@@ -388,9 +387,9 @@ func (kn *kernel) apply(f *family, st *familyState, p *plan) error {
 }
 
 // writeTable sends, as one transaction, what queue queues.
-func (kn *kernel) writeTable(queue func(*nftables.Conn) error) error {
+func (kn *kernel) writeTable(queue func(*nft.Txn) error) error {
 	t := nft.NewTxn(kn.netns)
-	if err := queue(t.Conn()); err != nil {
+	if err := queue(t); err != nil {
 		return err
 	}
 	return t.Commit()

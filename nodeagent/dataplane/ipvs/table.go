@@ -114,7 +114,8 @@ func setRef(f *family, name string) (*nftables.Set, error) {
 // everything in it, by the one described: chains, rules, sets, and elems
 // with the fixed elements. The kernel applies the batch whole or not at
 // all, so packets see either table.
-func queueTable(conn *nftables.Conn, f *family, chains []nft.Chain, elems []element) error {
+func queueTable(txn *nft.Txn, f *family, chains []nft.Chain, elems []element) error {
+	conn := txn.Conn()
 	t := tableRef(f)
 	// Adding first makes the deletion valid whether the table exists.
 	conn.AddTable(t)
@@ -133,15 +134,15 @@ func queueTable(conn *nftables.Conn, f *family, chains []nft.Chain, elems []elem
 			conn.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: c.Name, Table: t}, Exprs: r.Exprs})
 		}
 	}
-	return queueElements(conn, f, nil, append(fixedElements(), elems...))
+	return queueElements(txn, f, nil, append(fixedElements(), elems...))
 }
 
 // queueElements queues the deletion of del, then the addition of add,
 // in as few messages as fit. It sorts both by set.
-func queueElements(conn *nftables.Conn, f *family, del, add []element) error {
+func queueElements(txn *nft.Txn, f *family, del, add []element) error {
 	for _, op := range []struct {
 		elems []element
-		queue func(*nftables.Conn, *nftables.Set, []element, func(*element) nft.Element) error
+		queue func(*nft.Txn, *nftables.Set, []element, func(*element) nft.Element) error
 	}{{del, nft.DeleteElements[element]}, {add, nft.AddElements[element]}} {
 		slices.SortStableFunc(op.elems, func(a, b element) int { return cmp.Compare(a.set, b.set) })
 		for rest := op.elems; len(rest) > 0; {
@@ -154,7 +155,7 @@ func queueElements(conn *nftables.Conn, f *family, del, add []element) error {
 			if err != nil {
 				return err
 			}
-			if err := op.queue(conn, set, rest[:n], (*element).kernel); err != nil {
+			if err := op.queue(txn, set, rest[:n], (*element).kernel); err != nil {
 				return err
 			}
 			rest = rest[n:]

@@ -7,6 +7,7 @@ import (
 	"github.com/google/nftables"
 
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft/nfttest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
@@ -38,10 +39,10 @@ func commitTable(t *testing.T, b *kernel, f *family, st *familyState, p *plan) {
 	t.Helper()
 	var err error
 	if p.replace {
-		err = b.writeTable(func(conn *nftables.Conn) error { return queueTable(conn, f, st.chains, p.elems) })
+		err = b.writeTable(func(t *nft.Txn) error { return queueTable(t, f, st.chains, p.elems) })
 	} else {
 		del := append(p.preDel, p.postDel...)
-		err = b.writeTable(func(conn *nftables.Conn) error { return queueElements(conn, f, del, p.add) })
+		err = b.writeTable(func(t *nft.Txn) error { return queueElements(t, f, del, p.add) })
 	}
 	if err != nil {
 		t.Fatalf("write the helper table: %v", err)

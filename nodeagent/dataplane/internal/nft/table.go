@@ -117,60 +117,46 @@ type Element struct {
 	Comment string
 }
 
-// size is about how many bytes the element takes in a message.
-func (e Element) size() int {
-	n := 64 + len(e.Key) + len(e.KeyEnd) + len(e.Data) + len(e.Comment)
-	if e.Verdict != nil {
-		n += len(e.Verdict.Chain)
-	}
-	return n
-}
-
 // kernelElements are the kernel's elements for elems of s, each read by
-// elem. A range of a concatenation carries its last key
-// (NFTA_SET_ELEM_KEY_END); any other interval is its first key and,
-// flagged as the end of the interval, the first key after it, none when
-// it runs to the end of the key space.
+// elem (see queueElements for how intervals reach the kernel).
 func kernelElements[E any](s *nftables.Set, elems []E, elem func(*E) Element) []nftables.SetElement {
-	ends := s.Interval && !s.Concatenation
-	n := len(elems)
-	var endKeys []byte // the end elements' keys, in one allocation
-	if ends {
-		n *= 2
-		size := 0
-		for i := range elems {
-			e := elem(&elems[i])
-			size += max(len(e.KeyEnd), len(e.Key))
-		}
-		endKeys = make([]byte, 0, size)
-	}
-	out := make([]nftables.SetElement, 0, n)
+	out := make([]nftables.SetElement, 0, len(elems))
 	for i := range elems {
 		e := elem(&elems[i])
 		ke := nftables.SetElement{Key: e.Key, Val: e.Data, Comment: e.Comment}
 		if e.Verdict != nil {
 			ke.VerdictData = e.Verdict.Expr()
 		}
-		switch {
-		case s.Interval && s.Concatenation:
+		if carriesKeyEnd(s) {
 			ke.KeyEnd = e.KeyEnd
-			out = append(out, ke)
-		case ends:
-			out = append(out, ke)
-			last := e.KeyEnd
-			if last == nil {
-				last = e.Key
-			}
-			start := len(endKeys)
-			endKeys = append(endKeys, last...)
-			if next := endKeys[start:]; increment(next) {
-				out = append(out, nftables.SetElement{Key: next, IntervalEnd: true})
-			}
-		default:
-			out = append(out, ke)
+		}
+		out = append(out, ke)
+		if end, ok := intervalEnd(s, e, nil); ok {
+			out = append(out, nftables.SetElement{Key: end, IntervalEnd: true})
 		}
 	}
 	return out
+}
+
+// carriesKeyEnd says whether s's elements carry the last key of their
+// range (NFTA_SET_ELEM_KEY_END): those of an interval set of
+// concatenations (the kernel's pipapo backend).
+func carriesKeyEnd(s *nftables.Set) bool { return s.Interval && s.Concatenation }
+
+// intervalEnd is, in an interval set of single keys (the kernel's
+// rbtree), the key of the element that ends e's interval: the first key
+// after it, appended to buf. There is none (false) in other sets, and
+// when the interval runs to the end of the key space.
+func intervalEnd(s *nftables.Set, e Element, buf []byte) ([]byte, bool) {
+	if !s.Interval || s.Concatenation {
+		return nil, false
+	}
+	last := e.KeyEnd
+	if last == nil {
+		last = e.Key
+	}
+	end := append(buf, last...)
+	return end, increment(end[len(buf):])
 }
 
 // increment adds one to the big-endian number b, in place, and says
@@ -184,39 +170,4 @@ func increment(b []byte) bool {
 		}
 	}
 	return false
-}
-
-// maxElementBytes bounds the elements of one message: they travel in one
-// netlink attribute, whose length field has 16 bits.
-const maxElementBytes = 32 << 10
-
-// AddElements queues the addition of elems to set s on conn, in as many
-// messages as they need. elem reads a backend's element as nft's (the
-// backends keep more in theirs, such as its text).
-func AddElements[E any](conn *nftables.Conn, s *nftables.Set, elems []E, elem func(*E) Element) error {
-	return queueElements(s, elems, elem, conn.SetAddElements)
-}
-
-// DeleteElements queues the deletion of elems from set s on conn, in as
-// many messages as they need.
-func DeleteElements[E any](conn *nftables.Conn, s *nftables.Set, elems []E, elem func(*E) Element) error {
-	return queueElements(s, elems, elem, conn.SetDeleteElements)
-}
-
-func queueElements[E any](s *nftables.Set, elems []E, elem func(*E) Element, queue func(*nftables.Set, []nftables.SetElement) error) error {
-	start, size := 0, 0
-	for i := range elems {
-		n := elem(&elems[i]).size()
-		if size+n > maxElementBytes && i > start {
-			if err := queue(s, kernelElements(s, elems[start:i], elem)); err != nil {
-				return err
-			}
-			start, size = i, 0
-		}
-		size += n
-	}
-	if start < len(elems) {
-		return queue(s, kernelElements(s, elems[start:], elem))
-	}
-	return nil
 }

@@ -2,14 +2,71 @@ package nft
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 func identity(e *Element) Element { return *e }
+
+// batchMessages splits the messages a transaction has encoded so far,
+// its begin message included.
+func batchMessages(t *testing.T, txn *Txn) []netlink.Message {
+	t.Helper()
+	var out []netlink.Message
+	for _, chunk := range txn.chunks {
+		for p := 0; p < len(chunk); {
+			n := int(binary.NativeEndian.Uint32(chunk[p:]))
+			var m netlink.Message
+			if err := m.UnmarshalBinary(chunk[p : p+n]); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, m)
+			p += nlmsgAlign(n)
+		}
+	}
+	return out
+}
+
+// elementLists returns, for each set-element message of msgs, the number
+// of elements and the length of the attribute that holds them.
+func elementLists(t *testing.T, msgs []netlink.Message) (counts, sizes []int) {
+	t.Helper()
+	for _, m := range msgs {
+		if m.Header.Type&0xff != unix.NFT_MSG_NEWSETELEM {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ad.Next() {
+			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			list := ad.Bytes()
+			sizes = append(sizes, len(list))
+			n := 0
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					n++
+				}
+				return nil
+			})
+			counts = append(counts, n)
+		}
+		if err := ad.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return counts, sizes
+}
 
 // TestElementsFitTheirMessages queues many large elements and checks that
 // each message's elements fit one netlink attribute, and that none is
@@ -19,24 +76,89 @@ func TestElementsFitTheirMessages(t *testing.T) {
 	for i := range 5000 {
 		elems = append(elems, Element{Key: make([]byte, 12), Comment: strings.Repeat("x", 60), Verdict: GotoChain(strings.Repeat("c", 200) + fmt.Sprint(i))})
 	}
-	total, messages := 0, 0
-	err := queueElements(&nftables.Set{Name: "m"}, elems, identity, func(_ *nftables.Set, kes []nftables.SetElement) error {
-		size := 0
-		for _, e := range kes {
-			size += 64 + len(e.Key) + len(e.Comment) + len(e.VerdictData.Chain)
-		}
-		if size > maxElementBytes {
-			t.Errorf("message of %d bytes of elements", size)
-		}
-		total += len(kes)
-		messages++
-		return nil
-	})
-	if err != nil {
+	txn := NewTxn(0)
+	set := &nftables.Set{Name: "m", Table: &nftables.Table{Name: "t", Family: nftables.TableFamilyIPv4}}
+	if err := AddElements(txn, set, elems, identity); err != nil {
 		t.Fatal(err)
 	}
-	if total != len(elems) || messages < 2 {
-		t.Errorf("%d messages hold %d elements, want more than one holding %d", messages, total, len(elems))
+	counts, sizes := elementLists(t, batchMessages(t, txn))
+	total := 0
+	for i, n := range counts {
+		total += n
+		if sizes[i] > maxElementBytes {
+			t.Errorf("message %d holds %d bytes of elements", i+1, sizes[i])
+		}
+	}
+	if total != len(elems) || len(counts) < 2 {
+		t.Errorf("%d messages hold %d elements, want more than one holding %d", len(counts), total, len(elems))
+	}
+}
+
+// TestElementMessagesAreTheLibrarys encodes elements of every kind the
+// backends write (verdicts with and without a chain, data, comments,
+// ranges of concatenations, intervals with and without an end element),
+// added and deleted, and checks that the messages are google/nftables'
+// for the same elements, byte for byte but for the sequence numbers and
+// the acknowledgement the library asks for.
+func TestElementMessagesAreTheLibrarys(t *testing.T) {
+	table := &nftables.Table{Name: "proxyshift", Family: nftables.TableFamilyIPv6}
+	cases := []struct {
+		name  string
+		set   *nftables.Set
+		elems []Element
+	}{
+		{"verdict map", &nftables.Set{Name: "service-ips", ID: 7, IsMap: true}, []Element{
+			{Key: []byte{198, 19, 0, 1, 6, 0, 0, 80}, Verdict: GotoChain("service-ABCDEFGH-default/web/tcp/http")},
+			{Key: []byte{198, 19, 0, 2, 17, 0, 0, 53}, Verdict: Drop, Comment: "default/dns/udp/dns"},
+		}},
+		{"set", &nftables.Set{Name: "cluster-ip-ports"}, []Element{{Key: []byte{1, 2, 3, 4}}, {Key: []byte{5, 6, 7, 8}}}},
+		{"interval data map", &nftables.Set{Name: "service-endpoints-0", IsMap: true, Interval: true}, []Element{
+			{Key: []byte{0, 0, 0, 0}, KeyEnd: []byte{0, 0, 0x7f, 0xff}, Data: []byte{198, 18, 128, 1, 0x1f, 0x90, 0, 0}},
+			{Key: []byte{0, 0, 0x80, 0}, KeyEnd: []byte{0, 0, 0x80, 0}, Data: []byte{198, 18, 128, 2, 0x1f, 0x90, 0, 0}},
+			{Key: []byte{0xff, 0xff, 0xff, 0}, KeyEnd: []byte{0xff, 0xff, 0xff, 0xff}, Data: []byte{198, 18, 128, 3, 0x1f, 0x90, 0, 0}},
+		}},
+		{"interval set without ends", &nftables.Set{Name: "cluster-cidrs", Interval: true}, []Element{{Key: []byte{10, 0, 0, 0}, KeyEnd: []byte{10, 255, 255, 255}}, {Key: []byte{12, 0, 0, 1}}}},
+		{"ranges of a concatenation", &nftables.Set{Name: "ranges", Interval: true, Concatenation: true}, []Element{
+			{Key: []byte{1, 0, 0, 0, 2, 0, 0, 0}, KeyEnd: []byte{1, 0, 0, 0, 2, 0, 0, 9}, Comment: "a range"},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.set.Table = table
+			for _, add := range []bool{true, false} {
+				txn := NewTxn(0)
+				var library []netlink.Message
+				conn, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+					if req == nil {
+						return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
+					}
+					library = append(library, req[1:len(req)-1]...)
+					return nil, nil
+				}))
+				var err error
+				if add {
+					err = errors.Join(AddElements(txn, c.set, c.elems, identity), conn.SetAddElements(c.set, kernelElements(c.set, c.elems, identity)))
+				} else {
+					err = errors.Join(DeleteElements(txn, c.set, c.elems, identity), conn.SetDeleteElements(c.set, kernelElements(c.set, c.elems, identity)))
+				}
+				if err := errors.Join(err, conn.Flush()); err != nil {
+					t.Fatal(err)
+				}
+				ours := batchMessages(t, txn)[1:] // after the batch's begin
+				if len(ours) != len(library) {
+					t.Fatalf("add %v: %d messages, the library's %d", add, len(ours), len(library))
+				}
+				for i, m := range ours {
+					lm := library[i]
+					if m.Header.Type != lm.Header.Type || m.Header.Flags != lm.Header.Flags&^netlink.Acknowledge {
+						t.Errorf("add %v: message %d: type %#x flags %#x, the library's %#x %#x", add, i, uint16(m.Header.Type), uint16(m.Header.Flags), uint16(lm.Header.Type), uint16(lm.Header.Flags))
+					}
+					if !bytes.Equal(m.Data, lm.Data) {
+						t.Errorf("add %v: message %d:\n ours      %x\n library's %x", add, i, m.Data, lm.Data)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -43,13 +43,15 @@ import (
 type Txn struct {
 	conn  *nftables.Conn
 	netns nsexec.NS
-	// chunks are the batch's encoding so far, one per encoding: the
-	// batch's begin message and the messages queued, numbered from 1
-	// (begin) to seq. end is the batch's end message, as the library
-	// made it.
-	chunks [][]byte
-	seq    uint32
-	end    netlink.Message
+	// chunks are the batch's encoding so far: the batch's begin message,
+	// then one chunk per encoding of the library's messages and one per
+	// run of messages written directly (elements), numbered from 1
+	// (begin) to seq. ownLast says the last chunk is one of the latter,
+	// which more such messages extend; w writes them.
+	chunks  [][]byte
+	seq     uint32
+	ownLast bool
+	w       writer
 	// sent records that the batch went out and err what the kernel said.
 	sent bool
 	err  error
@@ -64,7 +66,7 @@ const encodeEvery = 1024
 
 // NewTxn returns an empty transaction for the network namespace netns.
 func NewTxn(netns nsexec.NS) *Txn {
-	t := &Txn{netns: netns}
+	t := &Txn{netns: netns, seq: 1, chunks: [][]byte{appendMessage(nil, batchMessage(unix.NFNL_MSG_BATCH_BEGIN), 1)}}
 	// New only fails when dialing a lasting connection, which this is not.
 	t.conn, _ = nftables.New(nftables.WithTestDial(t.exchange))
 	return t
@@ -119,11 +121,7 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if t.sent || len(req) < 2 {
 		return nil, errors.New("nft: messages queued on a committed transaction")
 	}
-	msgs := req[1 : len(req)-1]
-	if len(t.chunks) == 0 { // the begin message opens the first chunk
-		msgs = req[:len(req)-1]
-		t.end = req[len(req)-1]
-	}
+	msgs := req[1 : len(req)-1] // the library's begin and end are t's own
 	markTables(msgs)
 	size := 0
 	for _, m := range msgs {
@@ -135,7 +133,34 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		buf = appendMessage(buf, m, t.seq)
 	}
 	t.chunks = append(t.chunks, buf)
+	t.ownLast = false
 	return nil, nil
+}
+
+// writer returns the writer of messages appended directly to the batch,
+// after everything encoded so far (call Encode first for the library's
+// messages queued since); call wrote once done with it.
+func (t *Txn) writer() *writer {
+	if !t.ownLast {
+		t.chunks = append(t.chunks, nil)
+		t.ownLast = true
+	}
+	t.w = writer{b: t.chunks[len(t.chunks)-1], seq: &t.seq}
+	return &t.w
+}
+
+// wrote keeps what the writer appended.
+func (t *Txn) wrote() {
+	t.chunks[len(t.chunks)-1] = t.w.b
+	t.w = writer{}
+}
+
+// batchMessage is the message of type typ (NFNL_MSG_BATCH_BEGIN or
+// _END) that opens or closes a batch of nf_tables messages.
+func batchMessage(typ uint16) netlink.Message {
+	// struct nfgenmsg: family, version, resource id (the subsystem).
+	return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request},
+		Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}}
 }
 
 // framed is the whole batch, its end message added, with only the last
@@ -150,7 +175,7 @@ func (t *Txn) framed() [][]byte {
 		}
 		p += n
 	}
-	return append(t.chunks, appendMessage(nil, t.end, t.seq+1))
+	return append(t.chunks, appendMessage(nil, batchMessage(unix.NFNL_MSG_BATCH_END), t.seq+1))
 }
 
 // batchTimeout bounds the wait for the kernel's answer. The kernel
