@@ -28,18 +28,37 @@ func (rs *ruleset) String() string {
 // service-endpoints maps and the hairpin set with the elements of all
 // ports, sorted by name.
 func (rs *ruleset) allSets() []*set {
+	// The elements are counted first, so that each set's are gathered
+	// in one allocation (at 10k services 100 000 endpoint elements).
+	counts := map[string]int{}
+	for _, objs := range rs.ports {
+		for m, elems := range objs.shared {
+			counts[m] += len(elems)
+		}
+		counts[setHairpin] += len(objs.hairpin)
+		if m := objs.endpointMap; m != nil {
+			counts[m.name] += len(objs.endpointElems)
+		}
+	}
 	shared := map[string][]element{}
 	endpointMaps := map[string]*set{}
 	var sets []*set
 	for _, objs := range rs.ports {
 		for m, elems := range objs.shared {
+			if shared[m] == nil {
+				shared[m] = make([]element, 0, counts[m])
+			}
 			shared[m] = append(shared[m], elems...)
+		}
+		if shared[setHairpin] == nil {
+			shared[setHairpin] = make([]element, 0, counts[setHairpin])
 		}
 		shared[setHairpin] = append(shared[setHairpin], objs.hairpin...)
 		sets = append(sets, objs.sets...)
 		if m := objs.endpointMap; m != nil {
 			if endpointMaps[m.name] == nil {
 				c := *m
+				c.elems = make([]element, 0, counts[m.name])
 				endpointMaps[m.name] = &c
 				sets = append(sets, &c)
 			}
@@ -52,7 +71,7 @@ func (rs *ruleset) allSets() []*set {
 	for _, s := range rs.sets {
 		if elems, ok := shared[s.name]; ok {
 			c := *s
-			c.elems = append(slices.Clone(s.elems), elems...)
+			c.elems = append(elems, s.elems...)
 			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
 			// Hairpin elements are shared by every port with the endpoint.
 			c.elems = slices.CompactFunc(c.elems, func(a, b element) bool { return a.text == b.text })

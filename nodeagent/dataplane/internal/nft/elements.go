@@ -139,6 +139,9 @@ func (e Element) size() int {
 type writer struct {
 	b   []byte
 	seq *uint32
+	// next, called before each message, may move the writer on to a
+	// new buffer.
+	next func()
 }
 
 // len is the buffer's length so far.
@@ -147,6 +150,9 @@ func (w *writer) len() int { return len(w.b) }
 // beginMessage starts a message of type typ with flags (a request) and
 // struct nfgenmsg for family, and returns where it starts.
 func (w *writer) beginMessage(typ uint16, flags netlink.HeaderFlags, family byte) int {
+	if w.next != nil {
+		w.next()
+	}
 	off := len(w.b)
 	w.b = binary.NativeEndian.AppendUint32(w.b, 0) // length, set by endMessage
 	w.b = binary.NativeEndian.AppendUint16(w.b, typ)

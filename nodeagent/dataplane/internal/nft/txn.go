@@ -137,16 +137,32 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	return nil, nil
 }
 
+// ownChunkBytes is the size at which the messages written directly go on
+// in a new chunk: a chunk grown by appending is copied as it grows, a
+// full sync's 16 MB of elements about twice over in one chunk.
+const ownChunkBytes = 1 << 20
+
 // writer returns the writer of messages appended directly to the batch,
 // after everything encoded so far (call Encode first for the library's
 // messages queued since); call wrote once done with it.
 func (t *Txn) writer() *writer {
 	if !t.ownLast {
-		t.chunks = append(t.chunks, nil)
+		t.chunks = append(t.chunks, make([]byte, 0, ownChunkBytes+2*maxElementBytes))
 		t.ownLast = true
 	}
-	t.w = writer{b: t.chunks[len(t.chunks)-1], seq: &t.seq}
+	t.w = writer{b: t.chunks[len(t.chunks)-1], seq: &t.seq, next: t.nextChunk}
 	return &t.w
+}
+
+// nextChunk keeps the writer's chunk and gives it a new one, when the one
+// it has holds ownChunkBytes: between two messages only.
+func (t *Txn) nextChunk() {
+	if len(t.w.b) < ownChunkBytes {
+		return
+	}
+	t.chunks[len(t.chunks)-1] = t.w.b
+	t.w.b = make([]byte, 0, ownChunkBytes+2*maxElementBytes)
+	t.chunks = append(t.chunks, nil)
 }
 
 // wrote keeps what the writer appended.
