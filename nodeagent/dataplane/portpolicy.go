@@ -350,6 +350,9 @@ func (n *NodePolicy) PortPolicy(sp *model.ServicePort) PortPolicy {
 // firewall returns the firewall of sp's load-balancer IPs, nil if they
 // have no source ranges.
 func (n *NodePolicy) firewall(sp *model.ServicePort) *Firewall {
+	if len(sp.LoadBalancerIPs) == 0 || len(sp.LoadBalancerSourceRanges) == 0 {
+		return nil
+	}
 	fw := &Firewall{}
 	for _, ip := range sp.LoadBalancerIPs {
 		if n.InFamily(ip) {
@@ -369,8 +372,15 @@ func (n *NodePolicy) firewall(sp *model.ServicePort) *Firewall {
 }
 
 // Endpoints returns every endpoint the policy programs: Cluster, then those
-// of Local not already among them, each once.
+// of Local not already among them, each once. When one of the two is
+// empty it is the other, not a copy: read it, never write it.
 func (p *PortPolicy) Endpoints() []model.Endpoint {
+	switch {
+	case len(p.Local) == 0:
+		return p.Cluster
+	case len(p.Cluster) == 0:
+		return p.Local
+	}
 	out := slices.Clone(p.Cluster)
 	seen := make(map[netip.AddrPort]bool, len(out))
 	for _, e := range out {

@@ -18,6 +18,8 @@ package model
 // hints never leaves a node without endpoints. The Local policies
 // (internal and external) ignore hints: they use this node's endpoints.
 
+import "slices"
+
 // topologyMode is the part of the cluster the Cluster policy's endpoints
 // are chosen from on this node, as decided from the endpoints' hints.
 type topologyMode int
@@ -107,20 +109,32 @@ func (sp *ServicePort) UsesExternal() bool {
 }
 
 // usable returns the ready endpoints among those in scope or, if there are
-// none, the serving terminating ones; nil if neither exists.
+// none, the serving terminating ones; nil if neither exists. The result
+// may share eps' array (when every endpoint is in scope and ready, the
+// common case, it is eps): read it, never write it. It is counted before
+// it is gathered, in one allocation: a full sync asks for every port's.
 func usable(eps []Endpoint, inScope func(Endpoint) bool) []Endpoint {
-	var ready, draining []Endpoint
+	ready, draining := 0, 0
 	for _, e := range eps {
 		switch {
 		case !inScope(e):
 		case e.Ready:
-			ready = append(ready, e)
+			ready++
 		case e.Serving && e.Terminating:
-			draining = append(draining, e)
+			draining++
 		}
 	}
-	if len(ready) > 0 {
-		return ready
+	switch {
+	case ready == len(eps):
+		return slices.Clip(eps)
+	case ready == 0 && draining == 0:
+		return nil
 	}
-	return draining
+	out := make([]Endpoint, 0, max(ready, draining))
+	for _, e := range eps {
+		if inScope(e) && (e.Ready || ready == 0 && e.Serving && e.Terminating) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
