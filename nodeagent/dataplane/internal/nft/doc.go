@@ -16,7 +16,8 @@
 //     google/nftables' types, with elements split into messages that fit
 //     a netlink attribute.
 //   - Txn: one transaction, encoded as it is queued (so a full sync holds
-//     the batch's bytes, not the library's messages for all of it), sent
+//     the batch's bytes, not the library's messages for all of it; set
+//     elements, most of a large batch, are written into it directly), sent
 //     to the kernel in one sendmsg and applied whole or not at all; and
 //     the dumps that read a table back in one request each (the family's
 //     chains, a table's or a chain's rule counts), which google/nftables
