@@ -744,7 +744,7 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 	for _, m := range step.Remove {
 		if m == v1alpha1.ModeKubeProxy {
 			removed, err := s.cfg.KubeProxy.Cleanup(ctx)
-			klog.InfoS("Removed kube-proxy's leftovers", "objects", removed)
+			logRemoved("Removed kube-proxy's leftovers", removed)
 			s.tellRemoved(EventKubeProxyRemoved, step.Mode, "kube-proxy's leftovers", removed)
 			if err != nil {
 				w := &facts.Error{Reason: contract.ReasonKubeProxyLeftovers, Message: "removing kube-proxy's leftovers failed: " + err.Error()}
@@ -763,7 +763,7 @@ func (s *Switcher) cleanUp(ctx context.Context, st State, step Step) error {
 			}
 		}
 		removed, err := b.Cleanup(ctx)
-		klog.InfoS("Removed the old mode", "mode", m, "objects", removed)
+		logRemoved("Removed the old mode", removed, "mode", m)
 		s.tellRemoved(EventCleanedUp, step.Mode, "the objects of "+string(m), removed)
 		if err != nil {
 			return fmt.Errorf("remove %s: %w", m, err)
@@ -844,7 +844,7 @@ func (s *Switcher) removeTarget(ctx context.Context, step Step) error {
 		}
 	}
 	removed, err := b.Cleanup(ctx)
-	klog.InfoS("Rolled back: removed the failed target", "mode", step.Mode, "objects", removed, "serving", step.Restore)
+	logRemoved("Rolled back: removed the failed target", removed, "mode", step.Mode, "serving", step.Restore)
 	s.tellRemoved(EventRolledBack, step.Mode, "the objects of the failed target "+string(step.Mode), removed)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", step.Mode, err)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/klog/v2"
+
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 )
@@ -113,6 +115,32 @@ func (s *Switcher) tellRemoved(reason string, target v1alpha1.ProxyMode, what st
 		list = "nothing was left"
 	}
 	s.tell(false, reason, target, "removed %s (%d objects): %s", what, len(removed), list)
+}
+
+// maxRemovedNamesInLog bounds the objects a removal's log line names: a
+// switch out of iptables at 10 000 services removes 110 000 chains, which
+// made one line of 6 MB. The line always counts them all; at -v=2 another
+// line names every one.
+const maxRemovedNamesInLog = 100
+
+// logRemoved logs a removal (msg, with keysAndValues) and what it
+// removed, see removedLogValues.
+func logRemoved(msg string, removed []string, keysAndValues ...any) {
+	klog.InfoS(msg, append(keysAndValues, removedLogValues(removed)...)...)
+	if len(removed) > maxRemovedNamesInLog {
+		klog.V(2).InfoS(msg+", every object", append(keysAndValues, "objects", removed)...)
+	}
+}
+
+// removedLogValues are the key/value pairs that say what a removal
+// removed: how many objects, the first maxRemovedNamesInLog of them, and
+// how many more there were (when there were).
+func removedLogValues(removed []string) []any {
+	kv := []any{"count", len(removed), "objects", removed[:min(len(removed), maxRemovedNamesInLog)]}
+	if more := len(removed) - maxRemovedNamesInLog; more > 0 {
+		kv = append(kv, "more", more)
+	}
+	return kv
 }
 
 func orNothing(m v1alpha1.ProxyMode) string {

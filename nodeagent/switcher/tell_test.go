@@ -61,3 +61,21 @@ func TestTell(t *testing.T) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(ev.got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A removal's log line counts everything removed but names a bounded
+// number of objects: leaving iptables at 10 000 services removes 110 000
+// chains.
+func TestRemovedLogValues(t *testing.T) {
+	few := []string{"table ip proxyshift"}
+	if got := fmt.Sprint(removedLogValues(few)); got != "[count 1 objects [table ip proxyshift]]" {
+		t.Errorf("one object: %s", got)
+	}
+	var many []string
+	for i := range 110000 {
+		many = append(many, fmt.Sprintf("iptables-nft: chain nat PROXYSHIFT-SVC-%d", i))
+	}
+	kv := removedLogValues(many)
+	if len(kv) != 6 || kv[1] != 110000 || len(kv[3].([]string)) != maxRemovedNamesInLog || kv[5] != 110000-maxRemovedNamesInLog {
+		t.Errorf("110 000 objects: %d values, count %v", len(kv), kv[1])
+	}
+}
