@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -66,6 +67,7 @@ func ElementString(text string) string { return hex.EncodeToString([]byte(text))
 // skipping the rules already sent).
 type Reader struct {
 	ctx   context.Context
+	netns nsexec.NS
 	c     *netlink.Conn
 	fam   nftables.TableFamily
 	table string
@@ -79,7 +81,7 @@ func NewReader(ctx context.Context, netns nsexec.NS, fam nftables.TableFamily, t
 	if err != nil {
 		return nil, err
 	}
-	r := &Reader{ctx: ctx, c: c, fam: fam, table: table}
+	r := &Reader{ctx: ctx, netns: netns, c: c, fam: fam, table: table}
 	r.stop = context.AfterFunc(ctx, func() { _ = c.Close() })
 	return r, nil
 }
@@ -140,22 +142,73 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 // rule for every buffer it fills, which grows with the square of the
 // table's rules: for a table of many small chains (iptables-nft's, 320 000
 // rules in 110 000 chains at 10 000 services) this is the way.
+//
+// A dump per chain is a round trip per chain, most of it waiting: the
+// chains are shared among ruleCountSockets sockets, each read by a
+// goroutine of its own.
 func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, error) {
-	counts := map[string]int{}
-	for _, chain := range chains {
-		ae := netlink.NewAttributeEncoder()
-		ae.String(unix.NFTA_RULE_TABLE, table)
-		ae.String(unix.NFTA_RULE_CHAIN, chain)
-		n := 0
-		// Every message of the dump is one rule.
-		if err := dumpObjectOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { n++ }); err != nil {
-			return nil, r.failed(fmt.Errorf("nft: list the rules of %s chain %s: %w", table, chain, err))
+	counts := make([]int, len(chains))
+	workers := min(ruleCountSockets, (len(chains)+ruleCountMinChains-1)/ruleCountMinChains)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		c := r.c
+		if w > 0 {
+			var err error
+			if c, err = dialDumps(r.netns); err != nil {
+				errs[w] = err
+				continue
+			}
+			stop := context.AfterFunc(r.ctx, func() { _ = c.Close() })
+			defer func() {
+				if stop() {
+					_ = c.Close()
+				}
+			}()
 		}
+		wg.Go(func() {
+			for i := w; i < len(chains); i += workers {
+				if errs[w] = ruleCountOn(c, r.fam, table, chains[i], &counts[i]); errs[w] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, r.failed(err)
+	}
+	out := map[string]int{}
+	for i, n := range counts {
 		if n > 0 {
-			counts[chain] = n
+			out[chains[i]] = n
 		}
 	}
-	return counts, nil
+	return out, nil
+}
+
+// ruleCountSockets is how many sockets RuleCountsOf reads on at once, and
+// ruleCountMinChains the fewest chains worth a socket of its own. On the
+// 2-core test machine, iptables-nft's Programmed at 10 000 services (a
+// 3 s dump of the chains, then the rules of 110 000 chains) took 9.3 s
+// with one socket, 7.1 s with two, 6.5 s with four, 7.6 s with eight
+// (BenchmarkProgrammed/nft/10k).
+const (
+	ruleCountSockets   = 4
+	ruleCountMinChains = 256
+)
+
+// ruleCountOn sets *n to the number of rules of chain (of table), from
+// one dump on socket c.
+func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain string, n *int) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_RULE_TABLE, table)
+	ae.String(unix.NFTA_RULE_CHAIN, chain)
+	// Every message of the dump is one rule.
+	if err := dumpObjectOn(c, fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { *n++ }); err != nil {
+		return fmt.Errorf("nft: list the rules of %s chain %s: %w", table, chain, err)
+	}
+	return nil
 }
 
 // ElementTexts lists the elements of set, each as ElementText gives it,

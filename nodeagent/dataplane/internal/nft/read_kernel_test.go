@@ -3,10 +3,12 @@ package nft
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -265,4 +267,46 @@ func TestAwaitCommitWaitsForTheCommitUnderWay(t *testing.T) {
 		return
 	}
 	t.Fatalf("no attempt caught the commit under way: each of the 3 was done within %s", into)
+}
+
+// TestRuleCountsOf counts the rules of many chains, more than one socket
+// reads (RuleCountsOf shares them out), some of them empty, and a chain
+// that does not exist.
+func TestRuleCountsOf(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "rulecounts")
+	table := &nftables.Table{Name: "counted", Family: nftables.TableFamilyIPv4}
+	const chains = 3*ruleCountMinChains + 17
+	txn := NewTxn(ns.NS())
+	txn.Conn().AddTable(table)
+	var names []string
+	want := map[string]int{}
+	for i := range chains {
+		c := txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
+		names = append(names, c.Name)
+		for range i % 4 {
+			txn.Conn().AddRule(&nftables.Rule{Table: table, Chain: c, Exprs: []expr.Any{&expr.Counter{}}})
+		}
+		if i%4 > 0 {
+			want[c.Name] = i % 4
+		}
+		if err := txn.Queued(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got, err := r.RuleCountsOf(table.Name, append(names, "missing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("%d chains counted, want %d; chain c1: %d, c2: %d, c3: %d, c%d: %d", len(got), len(want), got["c1"], got["c2"], got["c3"], chains-1, got[fmt.Sprintf("c%d", chains-1)])
+	}
 }
