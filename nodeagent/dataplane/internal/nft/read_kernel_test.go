@@ -233,13 +233,7 @@ func TestAwaitCommitWaitsForTheCommitUnderWay(t *testing.T) {
 	for attempt := range 3 {
 		table := &nftables.Table{Name: fmt.Sprintf("busy%d", attempt), Family: nftables.TableFamilyIPv4}
 		txn := NewTxn(ns.NS())
-		txn.Conn().AddTable(table)
-		for i := range chains {
-			txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
-			if err := txn.Queued(); err != nil {
-				t.Fatal(err)
-			}
-		}
+		queueTableOfChains(t, txn, table, chains, txn.Queued)
 		if err := txn.Encode(); err != nil {
 			t.Fatal(err)
 		}

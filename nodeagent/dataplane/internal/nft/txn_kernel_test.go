@@ -22,13 +22,7 @@ func TestEncodedTransaction(t *testing.T) {
 	const chains = maxIOV + 200
 
 	txn := NewTxn(ns.NS())
-	txn.Conn().AddTable(table)
-	for i := range chains {
-		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
-		if err := txn.Encode(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	queueTableOfChains(t, txn, table, chains, txn.Encode)
 	if err := txn.Commit(); err != nil {
 		t.Fatalf("commit of %d chains in %d pieces: %v", chains, chains+1, err)
 	}
@@ -69,4 +63,18 @@ func countChains(t *testing.T, ns *netlab.NetNS, table string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// queueTableOfChains queues table and n chains of it, c0, c1, ..., on
+// txn, calling next after each chain (txn.Encode, txn.Queued: how the
+// transaction is encoded).
+func queueTableOfChains(t *testing.T, txn *Txn, table *nftables.Table, n int, next func() error) {
+	t.Helper()
+	txn.Conn().AddTable(table)
+	for i := range n {
+		txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
+		if err := next(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
