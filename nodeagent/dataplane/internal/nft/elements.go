@@ -13,7 +13,7 @@ import (
 // services writes 100 000 endpoint elements), so they are encoded here,
 // straight into the transaction's batch: google/nftables builds each
 // element as a tree of attributes, marshalled level by level, several
-// times the bytes the kernel receives (about 100 MB of garbage per full
+// times the bytes the kernel receives (about 80 MB of garbage per full
 // sync at 10k). The messages are the ones the library sends, byte for
 // byte (TestElementMessagesAreTheLibrarys).
 
@@ -49,8 +49,12 @@ func queueElements[E any](t *Txn, s *nftables.Set, msgType uint16, elems []E, el
 	if err := t.Encode(); err != nil {
 		return err
 	}
+	size := 0
+	for i := range elems {
+		size += elem(&elems[i]).size()
+	}
 	var end []byte // the interval end being built
-	w := t.writer()
+	w := t.writer(size)
 	msg, list, n := -1, 0, 0
 	open := func() {
 		msg = w.beginMessage(unix.NFNL_SUBSYS_NFTABLES<<8|msgType, netlink.Create, byte(s.Table.Family))

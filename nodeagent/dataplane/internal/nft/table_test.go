@@ -194,3 +194,18 @@ func TestIntervalElements(t *testing.T) {
 		t.Errorf("a verdict-map element: %+v", plain)
 	}
 }
+
+// TestFewElementsTakeLittle checks that an endpoint change's few elements
+// are written into a buffer of about their size, not into a chunk the
+// size of a full sync's (1 MB of garbage for every change).
+func TestFewElementsTakeLittle(t *testing.T) {
+	txn := NewTxn(0)
+	set := &nftables.Set{Name: "service-endpoints-3", Table: &nftables.Table{Name: "proxyshift", Family: nftables.TableFamilyIPv4}, IsMap: true, Interval: true}
+	elems := []Element{{Key: []byte{0, 0, 0, 0}, KeyEnd: []byte{0, 0, 0xff, 0xff}, Data: []byte{198, 18, 128, 1, 0x1f, 0x90, 0, 0}}}
+	if err := AddElements(txn, set, elems, identity); err != nil {
+		t.Fatal(err)
+	}
+	if n := cap(txn.chunks[len(txn.chunks)-1]); n > 4096 {
+		t.Errorf("one element took a buffer of %d bytes", n)
+	}
+}

@@ -144,10 +144,13 @@ const ownChunkBytes = 1 << 20
 
 // writer returns the writer of messages appended directly to the batch,
 // after everything encoded so far (call Encode first for the library's
-// messages queued since); call wrote once done with it.
-func (t *Txn) writer() *writer {
+// messages queued since), for about size bytes; call wrote once done
+// with it.
+func (t *Txn) writer(size int) *writer {
 	if !t.ownLast {
-		t.chunks = append(t.chunks, make([]byte, 0, ownChunkBytes+2*maxElementBytes))
+		// An endpoint change writes a few hundred bytes, a full sync
+		// megabytes: a chunk of the size asked for, up to ownChunkBytes.
+		t.chunks = append(t.chunks, make([]byte, 0, min(size, ownChunkBytes+2*maxElementBytes)))
 		t.ownLast = true
 	}
 	t.w = writer{b: t.chunks[len(t.chunks)-1], seq: &t.seq, next: t.nextChunk}
