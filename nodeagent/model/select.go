@@ -125,10 +125,10 @@ func usable(eps []Endpoint, inScope func(Endpoint) bool) []Endpoint {
 		}
 	}
 	switch {
-	case ready == len(eps):
-		return slices.Clip(eps)
 	case ready == 0 && draining == 0:
 		return nil
+	case ready == len(eps):
+		return slices.Clip(eps)
 	}
 	out := make([]Endpoint, 0, max(ready, draining))
 	for _, e := range eps {
