@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -99,9 +100,9 @@ func TestWidenedDumps(t *testing.T) {
 // chain dump by counting chains, so a dump that a commit interrupts skips
 // or repeats as many of ours as were deleted or added before its
 // position; dumpOn sees the ruleset's generation move under the dump and
-// takes it again. A few wrong listings are tolerated: the kernel moves the
-// generation a moment before a commit's objects change, and a dump that
-// starts in that moment is not caught (see dumpOn).
+// takes it again. A few wrong listings are tolerated: a dump that ends
+// while the other program's batch is being applied, before its commit,
+// can count its new chains and is not caught (see dumpOn).
 func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 	netlab.RequireRoot(t)
 	ns := netlab.NewNetNS(t, "dumpintr")
@@ -121,42 +122,34 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The other program: delete the first churn of its chains, add them
-	// back (at the end of its table, still before ours), over and over.
-	stop := make(chan struct{})
+	// The other program: at each listing, after a random pause of up to
+	// commitWithin (about as long as a listing takes), delete the first
+	// churn of its chains, or add them back (at the end of its table,
+	// still before ours). One commit per listing: it lands before, during
+	// or after the dump, and a dump taken again after it meets none,
+	// however slow the machine.
+	const commitWithin = 4 * time.Millisecond
+	listing := make(chan struct{})
 	done := make(chan int)
 	go func() {
 		commits := 0
 		defer func() { done <- commits }()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			for _, add := range []bool{false, true} {
-				txn := NewTxn(ns.NS())
-				for i := range churn {
-					c := &nftables.Chain{Name: fmt.Sprintf("o%d", i), Table: other}
-					if add {
-						txn.Conn().AddChain(c)
-					} else {
-						txn.Conn().DelChain(c)
-					}
+		for range listing {
+			time.Sleep(rand.N(commitWithin))
+			txn := NewTxn(ns.NS())
+			for i := range churn {
+				c := &nftables.Chain{Name: fmt.Sprintf("o%d", i), Table: other}
+				if commits%2 == 1 {
+					txn.Conn().AddChain(c)
+				} else {
+					txn.Conn().DelChain(c)
 				}
-				st := time.Now()
-				if err := txn.Commit(); err != nil {
-					t.Error(err)
-					return
-				}
-				fmt.Println("DEBUG commit", time.Since(st))
-				commits++
-				// A commit every few milliseconds, as a busy node's
-				// other programs at their worst: most dumps still meet
-				// one. (Every 2 ms, a loaded machine's listing, 3 to 9
-				// ms, met one each of its ten attempts.)
-				time.Sleep(5 * time.Millisecond)
 			}
+			if err := txn.Commit(); err != nil {
+				t.Error(err)
+				continue // the listings go on: each waits for this loop
+			}
+			commits++
 		}
 	}()
 
@@ -165,12 +158,13 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Without the generation reads 31 to 46 of the 200 listings were
+	// Without the generation reads 63 to 73 of the 200 listings were
 	// wrong; with them none, or one now and then: the kernel's window
 	// that stays open (see dumpOn), which the tolerance is for.
 	const listings, tolerated = 200, 5
 	var wrong []string
 	for i := range listings {
+		listing <- struct{}{}
 		n := 0
 		err := eachChainOn(c, nftables.TableFamilyIPv4, func(ch *nftables.Chain) {
 			if ch.Table.Name == ours.Name {
@@ -188,7 +182,7 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 	if len(wrong) > tolerated {
 		t.Errorf("%d of %d listings wrong (at most %d tolerated): %v", len(wrong), listings, tolerated, wrong)
 	}
-	close(stop)
+	close(listing)
 	if commits := <-done; commits < 10 {
 		t.Fatalf("the other program committed only %d times during the listings: nothing was tested", commits)
 	}
