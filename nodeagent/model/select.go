@@ -130,7 +130,11 @@ func usable(eps []Endpoint, inScope func(Endpoint) bool) []Endpoint {
 	case ready == len(eps):
 		return slices.Clip(eps)
 	}
-	out := make([]Endpoint, 0, max(ready, draining))
+	n := ready
+	if ready == 0 {
+		n = draining
+	}
+	out := make([]Endpoint, 0, n)
 	for _, e := range eps {
 		if inScope(e) && (e.Ready || ready == 0 && e.Serving && e.Terminating) {
 			out = append(out, e)
