@@ -120,7 +120,10 @@ func TestFailClosed(t *testing.T) {
 		loop := w.startClientLoop()
 		w.desire(v1alpha1.ModeNFTables)
 		pn, ready := w.waitFailed()
-		time.Sleep(300 * time.Millisecond)
+		// Failed is reported as the rollback starts; it re-programs
+		// iptables whole and then removes nftables, which under load
+		// takes seconds.
+		a.waitLog("Rolled back: removed the failed target", 60*time.Second)
 		loop.RequireNoFailures(t, "during the failed switch and its rollback")
 		if ready == nil || ready.Reason != contract.ReasonVerificationFailed || !strings.Contains(ready.Message, "iptables keeps serving") {
 			t.Errorf("Ready condition %+v; want reason VerificationFailed saying iptables keeps serving", ready)
