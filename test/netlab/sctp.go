@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -202,6 +203,9 @@ func (ns *NetNS) dialSCTP(addr netip.AddrPort, deadline time.Time) (net.Conn, er
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVERR, 1); err != nil {
 		return nil, fmt.Errorf("SCTP socket: IP_RECVERR: %w", err)
 	}
+	if err := bindNextSCTPPort(fd); err != nil {
+		return nil, err
+	}
 	err = unix.Connect(fd, &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())})
 	if err == unix.EINPROGRESS {
 		err = waitConnected(fd, deadline)
@@ -210,6 +214,43 @@ func (ns *NetNS) dialSCTP(addr netip.AddrPort, deadline time.Time) (net.Conn, er
 		return nil, fmt.Errorf("SCTP connect to %s: %w", addr, err)
 	}
 	return net.FileConn(f)
+}
+
+// The SCTP client's source ports. Linux gives an SCTP socket a random
+// free port, unlike TCP's, which moves on from the last port used to the
+// same destination; so two of a Spread's 60 associations share a
+// source port about once in 16 Spreads. Through IPVS the second of them
+// then meets the first one's IPVS connection, still kept (10 s in
+// state CLOSED) and with a confirmed conntrack entry: IPVS ends it and
+// drops the new INIT so that a fresh connection is scheduled, and the
+// client's INIT is sent again only after SCTP's initial retransmission
+// timeout, 3 s, beyond a request's timeout. That is the kernel's way
+// for every IPVS proxy (kube-proxy's too), not a fault of the rules
+// under test, so the lab's client takes its source ports in turn, as a
+// TCP client would, and never reuses one within sctpPortsLast -
+// sctpPortsFirst associations.
+const (
+	sctpPortsFirst = 33000
+	sctpPortsLast  = 60999
+)
+
+// sctpNextPort counts the source ports handed out, in every namespace.
+var sctpNextPort atomic.Uint32
+
+// bindNextSCTPPort binds the SCTP socket fd to the next source port in
+// turn, skipping ports in use.
+func bindNextSCTPPort(fd int) error {
+	var err error
+	for range 100 {
+		port := sctpPortsFirst + int(sctpNextPort.Add(1)-1)%(sctpPortsLast-sctpPortsFirst+1)
+		if err = unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != unix.EADDRINUSE {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("SCTP socket: bind a source port: %w", err)
+	}
+	return nil
 }
 
 // waitConnected waits until the non-blocking connect of fd ends or the
