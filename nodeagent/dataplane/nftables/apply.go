@@ -76,5 +76,5 @@ func (s *set) kernel(table *nftables.Table) *nftables.Set {
 
 // kernel is the element as nft writes it to the kernel.
 func (e *element) kernel() nft.Element {
-	return nft.Element{Key: e.key, KeyEnd: e.keyEnd, Verdict: e.verdict, Data: e.data, Comment: e.comment}
+	return nft.Element{Key: e.key(), KeyEnd: e.rangeEnd(), Verdict: e.verdict, Data: e.data(), Comment: e.comment}
 }

@@ -322,7 +322,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 			for m, elems := range nw.shared {
 				kept := elems[:0]
 				for _, e := range elems {
-					if owner, ok := st.claims[m][e.text]; ok && owner != name {
+					if owner, ok := st.claims[m][e.keyText()]; ok && owner != name {
 						if _, alsoChanged := changed[owner]; !alsoChanged {
 							contested = true
 							continue

@@ -118,12 +118,12 @@ func viewOf(rs *ruleset) tableView {
 		}
 		elems := []string{}
 		for _, e := range s.elems {
-			d := hex.EncodeToString(e.key)
+			d := hex.EncodeToString(e.key())
 			if e.verdict != nil {
 				d += " : " + e.verdict.String()
 			}
-			if e.data != nil {
-				d += " : " + hex.EncodeToString(e.data)
+			if e.data() != nil {
+				d += " : " + hex.EncodeToString(e.data())
 			}
 			elems = append(elems, d+" "+e.comment)
 		}

@@ -66,15 +66,15 @@ func (rs *ruleset) allSets() []*set {
 		}
 	}
 	for _, m := range endpointMaps {
-		slices.SortFunc(m.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
+		slices.SortFunc(m.elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
 	}
 	for _, s := range rs.sets {
 		if elems, ok := shared[s.name]; ok {
 			c := *s
 			c.elems = append(elems, s.elems...)
-			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.text, b.text) })
+			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
 			// Hairpin elements are shared by every port with the endpoint.
-			c.elems = slices.CompactFunc(c.elems, func(a, b element) bool { return a.text == b.text })
+			c.elems = slices.CompactFunc(c.elems, func(a, b element) bool { return a.keyText() == b.keyText() })
 			s = &c
 		}
 		sets = append(sets, s)

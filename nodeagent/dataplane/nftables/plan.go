@@ -335,14 +335,14 @@ func hairpinChanges(changes []portChange, before refCounts) (del, add []element)
 	for _, ch := range changes {
 		if ch.old != nil {
 			for _, e := range ch.old.hairpin {
-				delta[e.text]--
-				elems[e.text] = e
+				delta[e.keyText()]--
+				elems[e.keyText()] = e
 			}
 		}
 		if ch.new != nil {
 			for _, e := range ch.new.hairpin {
-				delta[e.text]++
-				elems[e.text] = e
+				delta[e.keyText()]++
+				elems[e.keyText()] = e
 			}
 		}
 	}

@@ -173,7 +173,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			// Each element's key lies in the range of a changed port's
 			// cluster choice, in that port's map.
 			ownedByChanged := func(e element) bool {
-				key := binary.BigEndian.Uint32(e.key)
+				key := binary.BigEndian.Uint32(e.key())
 				return slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
 					id := st.rs.ports[name].id
 					first := choiceKey(id << 1)

@@ -85,12 +85,13 @@ func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) (contes
 		kept := elems[:0]
 		seen := map[string]bool{}
 		for _, e := range elems {
-			if owner, ok := c[m][e.text]; seen[e.text] || ok && owner != name {
-				contested = contested || !seen[e.text]
+			key := e.keyText()
+			if owner, ok := c[m][key]; seen[key] || ok && owner != name {
+				contested = contested || !seen[key]
 				continue
 			}
-			seen[e.text] = true
-			c[m][e.text] = name
+			seen[key] = true
+			c[m][key] = name
 			kept = append(kept, e)
 		}
 		objs.shared[m] = kept
@@ -102,8 +103,8 @@ func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) (contes
 func (c claimIndex) release(name model.ServicePortName, objs *portObjects) {
 	for m, elems := range objs.shared {
 		for _, e := range elems {
-			if c[m][e.text] == name {
-				delete(c[m], e.text)
+			if key := e.keyText(); c[m][key] == name {
+				delete(c[m], key)
 			}
 		}
 	}
@@ -204,7 +205,7 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 	if !np.NodePortsAnyLocal && len(np.NodePortIPs) > 0 {
 		s := &set{name: setNodePortIPs, keyType: f.AddrType, keyText: f.AddrType.Name}
 		for _, ip := range np.NodePortIPs {
-			s.elems = append(s.elems, element{key: f.Bytes(ip), text: ip.String()})
+			s.elems = append(s.elems, newElement(f.Bytes(ip), nil, nil, ip.String(), ""))
 		}
 		sets = append(sets, s)
 	}
@@ -264,7 +265,8 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	protoText := nft.ProtoName(proto)
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	share := func(m string, key []byte, text string, v *nft.Verdict) {
-		e := element{key: key, text: text, verdict: v}
+		e := newElement(key, nil, nil, text, "")
+		e.verdict = v
 		if v != nil && portHash(v.Chain) == "" {
 			e.comment = n.comment
 		}
@@ -364,7 +366,7 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		}})
 		objs.sets = append(objs.sets, &set{name: affinity, keyType: f.AddrType, keyText: f.AddrType.Name, timeout: sp.AffinityTimeout})
 	}
-	slices.SortFunc(objs.hairpin, func(a, b element) int { return cmp.Compare(a.text, b.text) })
+	slices.SortFunc(objs.hairpin, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
 	slices.SortFunc(objs.chains, func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(objs.sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
 	return objs
@@ -425,7 +427,11 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
 				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
-		objs.endpointElems = append(objs.endpointElems, numgenRanges(f, choice, eps)...)
+		if elems := numgenRanges(f, choice, eps); objs.endpointElems == nil {
+			objs.endpointElems = elems // most ports have one choice: no copy
+		} else {
+			objs.endpointElems = append(objs.endpointElems, elems...)
+		}
 		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, numgenRange, choiceKey(choice), objs.endpointMap.name).Rule())
 		objs.chains = append(objs.chains, c)
 		return
@@ -434,7 +440,9 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 	for i, ep := range eps {
 		epChain, affinity := endpointNames(n.base, ep)
 		c.Rules = append(c.Rules, r().AddrInSet("saddr", false, affinity).Goto(epChain).Rule())
-		m.elems = append(m.elems, element{key: binaryutil.NativeEndian.PutUint32(uint32(i)), text: itoa(int32(i)), verdict: nft.GotoChain(epChain)})
+		e := newElement(binaryutil.NativeEndian.PutUint32(uint32(i)), nil, nil, itoa(int32(i)), "")
+		e.verdict = nft.GotoChain(epChain)
+		m.elems = append(m.elems, e)
 	}
 	c.Rules = append(c.Rules, r().NumgenVmap(len(eps), mapName).Rule())
 	objs.chains = append(objs.chains, c)
@@ -448,31 +456,31 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 // numgenRange get none.
 //
 // A full sync renders 100 000 of them at 10k services: each element's
-// bytes (key, range end, data) share one allocation, and each text is
-// built once.
+// bytes (key, range end, data) are one allocation and its text another
+// (newElement would make each twice).
 func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 	n := min(len(eps), numgenRange)
 	elems := make([]element, 0, n)
 	first := choiceKey(choice)
-	var text []byte
+	text := make([]byte, 0, 80)
 	for i, ep := range eps[:n] {
 		lo, end := first+uint32(i*numgenRange/n), first+uint32((i+1)*numgenRange/n)
 		text = strconv.AppendUint(text[:0], uint64(lo), 10)
 		if end-1 != lo {
 			text = strconv.AppendUint(append(text, '-'), uint64(end-1), 10)
 		}
-		key := string(text)
-		text = ep.IP.AppendTo(text[:0])
+		keyTextLen := len(text)
+		text = ep.IP.AppendTo(append(text, " : "...))
 		text = strconv.AppendInt(append(text, " . "...), int64(ep.Port), 10)
 		// key, range end, then the data: address, port (two bytes, padded
 		// to a register's four).
 		b := make([]byte, 0, 8+f.AddrLen+4)
 		b = binary.BigEndian.AppendUint32(b, lo)
 		b = binary.BigEndian.AppendUint32(b, end-1)
-		b = append(b, f.Bytes(ep.IP)...)
+		b = f.AppendBytes(b, ep.IP)
 		b = binary.BigEndian.AppendUint16(b, uint16(ep.Port))
 		b = append(b, 0, 0)
-		elems = append(elems, element{key: b[0:4:4], keyEnd: b[4:8:8], text: key, data: b[8:], dataText: string(text)})
+		elems = append(elems, element{raw: b, text: string(text), keyLen: 4, endLen: 4, keyTextLen: uint16(keyTextLen)})
 	}
 	return elems
 }
@@ -480,5 +488,5 @@ func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
 // hairpinElement is the hairpin set's element for an endpoint address:
 // the pair "address . address", a connection from the endpoint to itself.
 func hairpinElement(f *family, ip netip.Addr) element {
-	return element{key: append(f.Bytes(ip), f.Bytes(ip)...), text: ip.String() + " . " + ip.String()}
+	return newElement(append(f.Bytes(ip), f.Bytes(ip)...), nil, nil, ip.String()+" . "+ip.String(), "")
 }

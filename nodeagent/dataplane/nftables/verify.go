@@ -208,8 +208,8 @@ func compareElements(s *set, pieces [][]element, listed []string) string {
 	for _, p := range pieces {
 		var fresh []element
 		for _, e := range p {
-			if !seen[e.text] {
-				seen[e.text] = true
+			if !seen[e.keyText()] {
+				seen[e.keyText()] = true
 				fresh = append(fresh, e)
 			}
 		}

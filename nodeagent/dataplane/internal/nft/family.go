@@ -73,13 +73,16 @@ func (f *Family) Has(addr netip.Addr) bool {
 }
 
 // Bytes returns addr in network byte order at the family's length.
-func (f *Family) Bytes(addr netip.Addr) []byte {
+func (f *Family) Bytes(addr netip.Addr) []byte { return f.AppendBytes(nil, addr) }
+
+// AppendBytes appends addr's bytes in the family's length to b.
+func (f *Family) AppendBytes(b []byte, addr netip.Addr) []byte {
 	if f.AddrLen == 4 {
-		b := addr.Unmap().As4()
-		return b[:]
+		a := addr.Unmap().As4()
+		return append(b, a[:]...)
 	}
-	b := addr.As16()
-	return b[:]
+	a := addr.As16()
+	return append(b, a[:]...)
 }
 
 // LastAddr is the highest address of p.
