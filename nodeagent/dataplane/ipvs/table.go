@@ -142,7 +142,7 @@ func queueTable(txn *nft.Txn, f *family, chains []nft.Chain, elems []element) er
 func queueElements(txn *nft.Txn, f *family, del, add []element) error {
 	for _, op := range []struct {
 		elems []element
-		queue func(*nft.Txn, *nftables.Set, []element, func(*element) nft.Element) error
+		queue func(*nft.Txn, *nftables.Set, func(*element) nft.Element, ...[]element) error
 	}{{del, nft.DeleteElements[element]}, {add, nft.AddElements[element]}} {
 		slices.SortStableFunc(op.elems, func(a, b element) int { return cmp.Compare(a.set, b.set) })
 		for rest := op.elems; len(rest) > 0; {
@@ -155,7 +155,7 @@ func queueElements(txn *nft.Txn, f *family, del, add []element) error {
 			if err != nil {
 				return err
 			}
-			if err := op.queue(txn, set, rest[:n], (*element).kernel); err != nil {
+			if err := op.queue(txn, set, (*element).kernel, rest[:n]); err != nil {
 				return err
 			}
 			rest = rest[n:]

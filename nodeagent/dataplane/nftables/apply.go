@@ -42,11 +42,11 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 		case opDelSet:
 			conn.DelSet(&nftables.Set{Table: table, Name: o.name})
 		case opAddElems:
-			if err := nft.AddElements(t, o.set.kernel(table), o.elems, (*element).kernel); err != nil {
+			if err := nft.AddElements(t, o.set.kernel(table), (*element).kernel, o.elems...); err != nil {
 				return err
 			}
 		case opDelElems:
-			if err := nft.DeleteElements(t, o.set.kernel(table), o.elems, (*element).kernel); err != nil {
+			if err := nft.DeleteElements(t, o.set.kernel(table), (*element).kernel, o.elems...); err != nil {
 				return err
 			}
 		}

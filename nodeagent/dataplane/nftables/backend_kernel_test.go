@@ -111,13 +111,14 @@ func viewOf(rs *ruleset) tableView {
 	for _, c := range rs.allChains() {
 		v.chains[c.Name] = chainSummary(len(c.Rules), c.Hook != nil, c.Hook)
 	}
-	for _, s := range rs.allSets() {
+	objs := rs.objects()
+	for _, s := range objs.sets {
 		if s.dynamic() {
 			v.sets[s.name] = nil
 			continue
 		}
 		elems := []string{}
-		for _, e := range s.elems {
+		for _, e := range slices.Concat(objs.elems[s.name]...) {
 			d := hex.EncodeToString(e.key())
 			if e.verdict != nil {
 				d += " : " + e.verdict.String()

@@ -3,19 +3,25 @@ package nftables
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // String dumps the ruleset in nft's syntax, deterministically: sets and
-// maps by name, then the base chains in hook order, then the other chains
-// by name. It is what golden files hold and what `nft list table` would
-// show, comments aside.
+// maps by name, each with its elements by key, then the base chains in
+// hook order, then the other chains by name. It is what golden files
+// hold and what `nft list table` would show, comments aside.
 func (rs *ruleset) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", rs.f.Name, TableName)
-	for _, s := range rs.allSets() {
-		s.dump(&b)
+	objs := rs.objects()
+	for _, name := range slices.Sorted(maps.Keys(objs.sets)) {
+		elems := slices.Concat(objs.elems[name]...)
+		slices.SortFunc(elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
+		objs.sets[name].dump(&b, elems)
 	}
 	for _, c := range rs.allChains() {
 		c.Dump(&b)
@@ -24,63 +30,63 @@ func (rs *ruleset) String() string {
 	return b.String()
 }
 
-// allSets returns every set and map of the table, the shared maps, the
-// service-endpoints maps and the hairpin set with the elements of all
-// ports, sorted by name.
-func (rs *ruleset) allSets() []*set {
-	// The elements are counted first, so that each set's are gathered
-	// in one allocation (at 10k services 100 000 endpoint elements).
-	counts := map[string]int{}
-	for _, objs := range rs.ports {
-		for m, elems := range objs.shared {
-			counts[m] += len(elems)
-		}
-		counts[setHairpin] += len(objs.hairpin)
-		if m := objs.endpointMap; m != nil {
-			counts[m.name] += len(objs.endpointElems)
-		}
-	}
-	shared := map[string][]element{}
-	endpointMaps := map[string]*set{}
-	var sets []*set
-	for _, objs := range rs.ports {
-		for m, elems := range objs.shared {
-			if shared[m] == nil {
-				shared[m] = make([]element, 0, counts[m])
-			}
-			shared[m] = append(shared[m], elems...)
-		}
-		if shared[setHairpin] == nil {
-			shared[setHairpin] = make([]element, 0, counts[setHairpin])
-		}
-		shared[setHairpin] = append(shared[setHairpin], objs.hairpin...)
-		sets = append(sets, objs.sets...)
-		if m := objs.endpointMap; m != nil {
-			if endpointMaps[m.name] == nil {
-				c := *m
-				c.elems = make([]element, 0, counts[m.name])
-				endpointMaps[m.name] = &c
-				sets = append(sets, &c)
-			}
-			endpointMaps[m.name].elems = append(endpointMaps[m.name].elems, objs.endpointElems...)
+// wanted are the chains and sets a ruleset puts in the kernel, and each
+// set's elements in pieces (its own, then each port's), gathered without
+// copying an element: a full sync writes them (at 10k services 100 000
+// endpoint elements) and a resync compares them.
+type wanted struct {
+	chains map[string]*chain
+	sets   map[string]*set
+	elems  map[string][][]element
+}
+
+// objects gathers what rs puts in the kernel, the ports' pieces in the
+// order of their names. The hairpin set's elements are one piece, each
+// once: ports with an endpoint in common hold the same element.
+func (rs *ruleset) objects() wanted {
+	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
+	add := func(s *set) {
+		w.sets[s.name] = s
+		if len(s.elems) > 0 {
+			w.elems[s.name] = append(w.elems[s.name], s.elems)
 		}
 	}
-	for _, m := range endpointMaps {
-		slices.SortFunc(m.elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
+	for _, c := range rs.chains {
+		w.chains[c.Name] = c
 	}
 	for _, s := range rs.sets {
-		if elems, ok := shared[s.name]; ok {
-			c := *s
-			c.elems = append(elems, s.elems...)
-			slices.SortFunc(c.elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
-			// Hairpin elements are shared by every port with the endpoint.
-			c.elems = slices.CompactFunc(c.elems, func(a, b element) bool { return a.keyText() == b.keyText() })
-			s = &c
-		}
-		sets = append(sets, s)
+		add(s)
 	}
-	slices.SortFunc(sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
-	return sets
+	var hairpin []element
+	hairpinSeen := map[string]bool{}
+	for _, name := range model.SortedNames(rs.ports) {
+		objs := rs.ports[name]
+		for _, c := range objs.chains {
+			w.chains[c.Name] = c
+		}
+		for _, s := range objs.sets {
+			add(s)
+		}
+		for m, elems := range objs.shared {
+			w.elems[m] = append(w.elems[m], elems)
+		}
+		for _, e := range objs.hairpin {
+			if !hairpinSeen[e.keyText()] {
+				hairpinSeen[e.keyText()] = true
+				hairpin = append(hairpin, e)
+			}
+		}
+		if m := objs.endpointMap; m != nil {
+			if w.sets[m.name] == nil {
+				w.sets[m.name] = m
+			}
+			w.elems[m.name] = append(w.elems[m.name], objs.endpointElems)
+		}
+	}
+	if len(hairpin) > 0 {
+		w.elems[setHairpin] = append(w.elems[setHairpin], hairpin)
+	}
+	return w
 }
 
 // allChains returns every chain: the base chains first, then the others
@@ -101,7 +107,8 @@ func (rs *ruleset) allChains() []*chain {
 	return append(base, regular...)
 }
 
-func (s *set) dump(b *strings.Builder) {
+// dump writes s's definition and elems in nft's syntax.
+func (s *set) dump(b *strings.Builder, elems []element) {
 	kind, typ := "set", s.keyText
 	switch {
 	case s.verdictMap:
@@ -116,9 +123,9 @@ func (s *set) dump(b *strings.Builder) {
 	case s.dynamic():
 		fmt.Fprintf(b, "\t\tflags dynamic,timeout\n\t\ttimeout %ds\n", int64(s.timeout.Seconds()))
 	}
-	if len(s.elems) > 0 {
+	if len(elems) > 0 {
 		b.WriteString("\t\telements = {\n")
-		for _, e := range s.elems {
+		for _, e := range elems {
 			fmt.Fprintf(b, "\t\t\t%s,\n", e)
 		}
 		b.WriteString("\t\t}\n")

@@ -39,9 +39,10 @@ type op struct {
 	chain *chain
 	rule  rule
 	// set is the definition for opAddSet and the set elements are written
-	// to or deleted from.
+	// to or deleted from; elems are those elements, in pieces (a full
+	// sync's are gathered from every port without copying them).
 	set   *set
-	elems []element
+	elems [][]element
 }
 
 // String renders the op in nft's command syntax, without the family and
@@ -54,9 +55,11 @@ func (o op) String() string {
 		return "set"
 	}
 	elems := func() string {
-		s := make([]string, len(o.elems))
-		for i, e := range o.elems {
-			s[i] = e.String()
+		var s []string
+		for _, p := range o.elems {
+			for _, e := range p {
+				s = append(s, e.String())
+			}
 		}
 		return "{ " + strings.Join(s, ", ") + " }"
 	}
@@ -105,15 +108,9 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	if kt == nil {
 		kt = &kernelTable{}
 	}
-	allChains, allSets := rs.allChains(), rs.allSets()
-	chains := make(map[string]*chain, len(allChains))
-	for _, c := range allChains {
-		chains[c.Name] = c
-	}
-	sets := make(map[string]*set, len(allSets))
-	for _, s := range allSets {
-		sets[s.name] = s
-	}
+	want, allChains := rs.objects(), rs.allChains()
+	chains, sets := want.chains, want.sets
+	setNames := slices.Sorted(maps.Keys(sets))
 
 	ops = append(ops, op{kind: opAddTable})
 	// Drop every reference first: rules (jumps, set lookups) and map
@@ -146,9 +143,9 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 			keepChain[name] = true
 		}
 	}
-	for _, s := range allSets {
-		if !keep[s.name] {
-			ops = append(ops, op{kind: opAddSet, name: s.name, set: s})
+	for _, name := range setNames {
+		if !keep[name] {
+			ops = append(ops, op{kind: opAddSet, name: name, set: sets[name]})
 		}
 	}
 	for _, c := range allChains {
@@ -159,9 +156,9 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	for _, c := range allChains {
 		ops = appendRules(ops, c)
 	}
-	for _, s := range allSets {
-		if !s.dynamic() && len(s.elems) > 0 {
-			ops = append(ops, op{kind: opAddElems, name: s.name, set: s, elems: s.elems})
+	for _, name := range setNames {
+		if s := sets[name]; !s.dynamic() && len(want.elems[name]) > 0 {
+			ops = append(ops, op{kind: opAddElems, name: name, set: s, elems: want.elems[name]})
 		}
 	}
 	return ops, stale
@@ -208,12 +205,12 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 	// element that stays the same (key, range and endpoint) is left
 	// alone. The maps are created when their first port appears and
 	// deleted when their last one goes.
-	delEndpoints, addEndpoints := map[string][]element{}, map[string][]element{}
+	delEndpoints, addEndpoints := map[string][][]element{}, map[string][][]element{}
 	endpointMapDefs := map[string]*set{}
 	endpointMapDelta := refCounts{}
 	delHairpin, addHairpin := hairpinChanges(changes, hairpin)
 	if len(delHairpin) > 0 {
-		delElems = append(delElems, op{kind: opDelElems, name: setHairpin, set: &set{name: setHairpin}, elems: delHairpin})
+		delElems = append(delElems, op{kind: opDelElems, name: setHairpin, set: &set{name: setHairpin}, elems: [][]element{delHairpin}})
 	}
 	for _, ch := range changes {
 		old, nw := ch.old, ch.new
@@ -228,24 +225,28 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 		// turns a changed verdict into a delete and an add.
 		for _, m := range slices.Sorted(maps.Keys(old.shared)) {
 			if gone := missing(old.shared[m], nw.shared[m]); len(gone) > 0 {
-				delElems = append(delElems, op{kind: opDelElems, name: m, set: sharedMap(m), elems: gone})
+				delElems = append(delElems, op{kind: opDelElems, name: m, set: sharedMap(m), elems: [][]element{gone}})
 			}
 		}
 		for _, m := range slices.Sorted(maps.Keys(nw.shared)) {
 			if added := missing(nw.shared[m], old.shared[m]); len(added) > 0 {
-				addElems = append(addElems, op{kind: opAddElems, name: m, set: sharedMap(m), elems: added})
+				addElems = append(addElems, op{kind: opAddElems, name: m, set: sharedMap(m), elems: [][]element{added}})
 			}
 		}
 
 		if m := old.endpointMap; m != nil {
 			endpointMapDefs[m.name] = m
 			endpointMapDelta[m.name]--
-			delEndpoints[m.name] = append(delEndpoints[m.name], missing(old.endpointElems, nw.endpointElems)...)
+			if gone := missing(old.endpointElems, nw.endpointElems); len(gone) > 0 {
+				delEndpoints[m.name] = append(delEndpoints[m.name], gone)
+			}
 		}
 		if m := nw.endpointMap; m != nil {
 			endpointMapDefs[m.name] = m
 			endpointMapDelta[m.name]++
-			addEndpoints[m.name] = append(addEndpoints[m.name], missing(nw.endpointElems, old.endpointElems)...)
+			if added := missing(nw.endpointElems, old.endpointElems); len(added) > 0 {
+				addEndpoints[m.name] = append(addEndpoints[m.name], added)
+			}
 		}
 
 		// Own sets and maps. A set whose definition changes is deleted
@@ -264,14 +265,14 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 				setOps = append(setOps, op{kind: opDelSet, name: s.name, set: s})
 			case !n.dynamic() && !elementsEqual(s.elems, n.elems):
 				setOps = append(setOps, op{kind: opFlushSet, name: s.name, set: s})
-				addElems = append(addElems, op{kind: opAddElems, name: n.name, set: n, elems: n.elems})
+				addElems = append(addElems, op{kind: opAddElems, name: n.name, set: n, elems: [][]element{n.elems}})
 			}
 		}
 		for _, n := range nw.sets {
 			if s := oldSets[n.name]; s == nil || !sameSet(s, n) {
 				addSets = append(addSets, op{kind: opAddSet, name: n.name, set: n})
 				if !n.dynamic() && len(n.elems) > 0 {
-					addElems = append(addElems, op{kind: opAddElems, name: n.name, set: n, elems: n.elems})
+					addElems = append(addElems, op{kind: opAddElems, name: n.name, set: n, elems: [][]element{n.elems}})
 				}
 			}
 		}
@@ -316,7 +317,7 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 		}
 	}
 	if len(addHairpin) > 0 {
-		addElems = append(addElems, op{kind: opAddElems, name: setHairpin, set: &set{name: setHairpin}, elems: addHairpin})
+		addElems = append(addElems, op{kind: opAddElems, name: setHairpin, set: &set{name: setHairpin}, elems: [][]element{addHairpin}})
 	}
 	// Release references (elements, then rules) before deleting sets;
 	// create sets and chains before the rules and elements naming them.

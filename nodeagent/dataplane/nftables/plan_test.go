@@ -90,7 +90,7 @@ func TestEndpointChangesAddNoRule(t *testing.T) {
 			switch {
 			case o.kind == opAddRule, o.kind == opAddChain, o.kind == opAddSet:
 				t.Errorf("endpoint change: %s", o)
-			case o.kind == opAddElems && slices.ContainsFunc(o.elems, func(e element) bool { return e.verdict != nil }):
+			case o.kind == opAddElems && slices.ContainsFunc(slices.Concat(o.elems...), func(e element) bool { return e.verdict != nil }):
 				t.Errorf("endpoint change adds a verdict: %s", o)
 			}
 		}
@@ -180,7 +180,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 					return o.name == endpointMapName(id) && key >= first && key < first+numgenRange
 				})
 			}
-			for _, e := range o.elems {
+			for _, e := range slices.Concat(o.elems...) {
 				if !ownedByChanged(e) {
 					t.Errorf("op touches another port's endpoint: %s", s)
 				}
@@ -189,7 +189,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		}
 		if o.name == setHairpin {
 			// a's and b's endpoints go (no other port has them).
-			for _, e := range o.elems {
+			for _, e := range slices.Concat(o.elems...) {
 				if !strings.HasPrefix(e.text, ports[a].Endpoints[0].IP.String()+" ") && !strings.HasPrefix(e.text, ports[b].Endpoints[0].IP.String()+" ") {
 					t.Errorf("op touches another port's hairpin element: %s", s)
 				}
@@ -200,7 +200,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			// Elements of shared maps must all belong to a changed port:
 			// they go to its chains, carry its name, or (cluster-ip-ports)
 			// are its cluster IP's key.
-			for _, e := range o.elems {
+			for _, e := range slices.Concat(o.elems...) {
 				if !slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
 					n := namesFor(name)
 					if e.verdict == nil {
@@ -310,7 +310,7 @@ func TestFullPlanInPlace(t *testing.T) {
 		kt.chains[c.Name] = kc
 	}
 	kt.chains["service-OLD-default/gone/tcp/http"] = &nftables.Chain{Name: "service-OLD-default/gone/tcp/http"}
-	for _, s := range rs.allSets() {
+	for _, s := range rs.objects().sets {
 		kt.sets[s.name] = s.kernel(nil)
 	}
 	kt.sets["affinity-OLD-default/gone/tcp/http__10.244.9.9/80"] = &nftables.Set{HasTimeout: true, Dynamic: true, Timeout: time.Hour}
@@ -359,7 +359,7 @@ func TestFullPlanInPlace(t *testing.T) {
 			t.Errorf("plan for a missing table: %s", o)
 		}
 	}
-	if chains != len(rs.allChains()) || sets != len(rs.allSets()) {
-		t.Errorf("plan for a missing table adds %d chains and %d sets, want %d and %d", chains, sets, len(rs.allChains()), len(rs.allSets()))
+	if want := rs.objects(); chains != len(want.chains) || sets != len(want.sets) {
+		t.Errorf("plan for a missing table adds %d chains and %d sets, want %d and %d", chains, sets, len(want.chains), len(want.sets))
 	}
 }

@@ -57,7 +57,7 @@ func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p 
 	if t == nil {
 		return "the table is missing", nil
 	}
-	want := expectedObjects(st.rs)
+	want := st.rs.objects()
 	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
 	if err != nil {
 		return "", err
@@ -158,62 +158,13 @@ func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nfta
 	return "", nil
 }
 
-// wanted are the chains and sets a ruleset puts in the kernel, and
-// each set's elements, gathered without copying them.
-type wanted struct {
-	chains map[string]*chain
-	sets   map[string]*set
-	// elems are each set's elements in pieces (its own, then each
-	// port's); the hairpin set's pieces overlap.
-	elems map[string][][]element
-}
-
-func expectedObjects(rs *ruleset) wanted {
-	e := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
-	for _, c := range rs.chains {
-		e.chains[c.Name] = c
-	}
-	for _, s := range rs.sets {
-		e.sets[s.name] = s
-		e.elems[s.name] = append(e.elems[s.name], s.elems)
-	}
-	for _, objs := range rs.ports {
-		for _, c := range objs.chains {
-			e.chains[c.Name] = c
-		}
-		for _, s := range objs.sets {
-			e.sets[s.name] = s
-			e.elems[s.name] = append(e.elems[s.name], s.elems)
-		}
-		for m, elems := range objs.shared {
-			e.elems[m] = append(e.elems[m], elems)
-		}
-		e.elems[setHairpin] = append(e.elems[setHairpin], objs.hairpin)
-		if m := objs.endpointMap; m != nil {
-			if e.sets[m.name] == nil {
-				e.sets[m.name] = m
-			}
-			e.elems[m.name] = append(e.elems[m.name], objs.endpointElems)
-		}
-	}
-	return e
-}
-
 // compareElements says how the elements the kernel listed for s differ
 // from the pieces of elements written to it ("" when they do not).
 func compareElements(s *set, pieces [][]element, listed []string) string {
 	ks := s.kernel(nil)
 	want := map[string]bool{}
-	seen := map[string]bool{}
 	for _, p := range pieces {
-		var fresh []element
-		for _, e := range p {
-			if !seen[e.keyText()] {
-				seen[e.keyText()] = true
-				fresh = append(fresh, e)
-			}
-		}
-		for _, text := range nft.ElementTexts(ks, fresh, (*element).kernel) {
+		for _, text := range nft.ElementTexts(ks, p, (*element).kernel) {
 			want[text] = true
 		}
 	}

@@ -21,37 +21,41 @@ import (
 // netlink attribute, whose length field has 16 bits.
 const maxElementBytes = 32 << 10
 
-// AddElements queues the addition of elems to set s on t, in as many
-// messages as they need. elem reads a backend's element as nft's (the
-// backends keep more in theirs, such as its text).
-func AddElements[E any](t *Txn, s *nftables.Set, elems []E, elem func(*E) Element) error {
-	return queueElements(t, s, unix.NFT_MSG_NEWSETELEM, elems, elem)
+// AddElements queues the addition of the elements of pieces to set s
+// on t, in as many messages as they need. elem reads a backend's element
+// as nft's (the backends keep more in theirs, such as its text). The
+// pieces let a backend write a set gathered from many owners without
+// copying it into one slice first.
+func AddElements[E any](t *Txn, s *nftables.Set, elem func(*E) Element, pieces ...[]E) error {
+	return queueElements(t, s, unix.NFT_MSG_NEWSETELEM, elem, pieces)
 }
 
-// DeleteElements queues the deletion of elems from set s on t, in as
-// many messages as they need.
-func DeleteElements[E any](t *Txn, s *nftables.Set, elems []E, elem func(*E) Element) error {
-	return queueElements(t, s, unix.NFT_MSG_DELSETELEM, elems, elem)
+// DeleteElements queues the deletion of the elements of pieces from set
+// s on t, in as many messages as they need.
+func DeleteElements[E any](t *Txn, s *nftables.Set, elem func(*E) Element, pieces ...[]E) error {
+	return queueElements(t, s, unix.NFT_MSG_DELSETELEM, elem, pieces)
 }
 
-// queueElements appends elems to t's batch in messages of type msgType
-// (flagged NLM_F_CREATE, as the library does, also for deletions, where
-// the kernel ignores it) of at most maxElementBytes of elements each. A range of a
-// concatenation carries its last key (NFTA_SET_ELEM_KEY_END); any other
-// interval is its first key and, flagged as the end of the interval, the
-// first key after it, none when it runs to the end of the key space
-// (intervalEnd).
-func queueElements[E any](t *Txn, s *nftables.Set, msgType uint16, elems []E, elem func(*E) Element) error {
-	if len(elems) == 0 {
+// queueElements appends the elements of pieces to t's batch in messages
+// of type msgType (flagged NLM_F_CREATE, as the library does, also for
+// deletions, where the kernel ignores it) of at most maxElementBytes of
+// elements each. A range of a concatenation carries its last key
+// (NFTA_SET_ELEM_KEY_END); any other interval is its first key and,
+// flagged as the end of the interval, the first key after it, none when
+// it runs to the end of the key space (intervalEnd).
+func queueElements[E any](t *Txn, s *nftables.Set, msgType uint16, elem func(*E) Element, pieces [][]E) error {
+	size := 0
+	for _, elems := range pieces {
+		for i := range elems {
+			size += elem(&elems[i]).size()
+		}
+	}
+	if size == 0 {
 		return nil
 	}
 	// The library's messages queued so far come first.
 	if err := t.Encode(); err != nil {
 		return err
-	}
-	size := 0
-	for i := range elems {
-		size += elem(&elems[i]).size()
 	}
 	var end []byte // the interval end being built
 	w := t.writer(size)
@@ -68,20 +72,22 @@ func queueElements[E any](t *Txn, s *nftables.Set, msgType uint16, elems []E, el
 		w.endMessage(msg)
 		msg = -1
 	}
-	for i := range elems {
-		e := elem(&elems[i])
-		if msg >= 0 && w.len()-list+e.size() > maxElementBytes {
-			closeMsg()
-		}
-		if msg < 0 {
-			open()
-		}
-		n++
-		w.element(n, e, carriesKeyEnd(s), false)
-		var ok bool
-		if end, ok = intervalEnd(s, e, end[:0]); ok {
+	for _, elems := range pieces {
+		for i := range elems {
+			e := elem(&elems[i])
+			if msg >= 0 && w.len()-list+e.size() > maxElementBytes {
+				closeMsg()
+			}
+			if msg < 0 {
+				open()
+			}
 			n++
-			w.element(n, Element{Key: end}, false, true)
+			w.element(n, e, carriesKeyEnd(s), false)
+			var ok bool
+			if end, ok = intervalEnd(s, e, end[:0]); ok {
+				n++
+				w.element(n, Element{Key: end}, false, true)
+			}
 		}
 	}
 	closeMsg()
