@@ -131,7 +131,9 @@ func queueTable(txn *nft.Txn, f *family, chains []nft.Chain, elems []element) er
 	}
 	for _, c := range chains {
 		for _, r := range c.Rules {
-			conn.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: c.Name, Table: t}, Exprs: r.Exprs})
+			if err := nft.AddRule(txn, t, c.Name, r.Exprs); err != nil {
+				return err
+			}
 		}
 	}
 	return queueElements(txn, f, nil, append(fixedElements(), elems...))

@@ -27,7 +27,9 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 		case opDelChain:
 			conn.DelChain(chainRef(o.name))
 		case opAddRule:
-			conn.AddRule(&nftables.Rule{Table: table, Chain: chainRef(o.name), Exprs: o.rule.Exprs})
+			if err := nft.AddRule(t, table, o.name, o.rule.Exprs); err != nil {
+				return err
+			}
 		case opAddSet:
 			// Our own set IDs: the library's counter is a global without
 			// a lock.

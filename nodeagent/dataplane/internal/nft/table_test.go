@@ -129,38 +129,58 @@ func TestElementMessagesAreTheLibrarys(t *testing.T) {
 			c.set.Table = table
 			for _, add := range []bool{true, false} {
 				txn := NewTxn(0)
-				var library []netlink.Message
-				conn, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-					if req == nil {
-						return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
-					}
-					library = append(library, req[1:len(req)-1]...)
-					return nil, nil
-				}))
 				var err error
-				if add {
-					err = errors.Join(AddElements(txn, c.set, identity, inPieces(c.elems)...), conn.SetAddElements(c.set, kernelElements(c.set, c.elems, identity)))
-				} else {
-					err = errors.Join(DeleteElements(txn, c.set, identity, inPieces(c.elems)...), conn.SetDeleteElements(c.set, kernelElements(c.set, c.elems, identity)))
-				}
-				if err := errors.Join(err, conn.Flush()); err != nil {
+				library := librarysMessages(t, func(conn *nftables.Conn) error {
+					if add {
+						err = AddElements(txn, c.set, identity, inPieces(c.elems)...)
+						return conn.SetAddElements(c.set, kernelElements(c.set, c.elems, identity))
+					}
+					err = DeleteElements(txn, c.set, identity, inPieces(c.elems)...)
+					return conn.SetDeleteElements(c.set, kernelElements(c.set, c.elems, identity))
+				})
+				if err != nil {
 					t.Fatal(err)
 				}
-				ours := batchMessages(t, txn)[1:] // after the batch's begin
-				if len(ours) != len(library) {
-					t.Fatalf("add %v: %d messages, the library's %d", add, len(ours), len(library))
-				}
-				for i, m := range ours {
-					lm := library[i]
-					if m.Header.Type != lm.Header.Type || m.Header.Flags != lm.Header.Flags&^netlink.Acknowledge {
-						t.Errorf("add %v: message %d: type %#x flags %#x, the library's %#x %#x", add, i, uint16(m.Header.Type), uint16(m.Header.Flags), uint16(lm.Header.Type), uint16(lm.Header.Flags))
-					}
-					if !bytes.Equal(m.Data, lm.Data) {
-						t.Errorf("add %v: message %d:\n ours      %x\n library's %x", add, i, m.Data, lm.Data)
-					}
-				}
+				requireLibrarysMessages(t, fmt.Sprintf("add %v", add), batchMessages(t, txn)[1:], library)
 			}
 		})
+	}
+}
+
+// librarysMessages are the messages google/nftables sends for what
+// queue queues on its connection (a batch's begin and end left out).
+func librarysMessages(t *testing.T, queue func(*nftables.Conn) error) []netlink.Message {
+	t.Helper()
+	var library []netlink.Message
+	conn, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil {
+			return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
+		}
+		library = append(library, req[1:len(req)-1]...)
+		return nil, nil
+	}))
+	if err := errors.Join(queue(conn), conn.Flush()); err != nil {
+		t.Fatal(err)
+	}
+	return library
+}
+
+// requireLibrarysMessages checks that ours are the library's messages,
+// byte for byte, but for the acknowledgement and the echo the library
+// asks for, which a transaction never does (see Txn).
+func requireLibrarysMessages(t *testing.T, what string, ours, library []netlink.Message) {
+	t.Helper()
+	if len(ours) != len(library) {
+		t.Fatalf("%s: %d messages, the library's %d", what, len(ours), len(library))
+	}
+	for i, m := range ours {
+		lm := library[i]
+		if m.Header.Type != lm.Header.Type || m.Header.Flags != lm.Header.Flags&^(netlink.Acknowledge|netlink.Echo) {
+			t.Errorf("%s: message %d: type %#x flags %#x, the library's %#x %#x", what, i, uint16(m.Header.Type), uint16(m.Header.Flags), uint16(lm.Header.Type), uint16(lm.Header.Flags))
+		}
+		if !bytes.Equal(m.Data, lm.Data) {
+			t.Errorf("%s: message %d:\n ours      %x\n library's %x", what, i, m.Data, lm.Data)
+		}
 	}
 }
 
