@@ -17,7 +17,8 @@
 //     a netlink attribute.
 //   - Txn: one transaction, encoded as it is queued (so a full sync holds
 //     the batch's bytes, not the library's messages for all of it; set
-//     elements, most of a large batch, are written into it directly), sent
+//     elements and rules, most of a large batch, are written into it
+//     directly, AddElements and AddRule), sent
 //     to the kernel in one sendmsg and applied whole or not at all; and
 //     the dumps that read a table back in one request each (the family's
 //     chains, a table's or a chain's rule counts), which google/nftables
