@@ -390,6 +390,13 @@ func requireAnswers(t *testing.T, lab *netlab.Lab, pods int, targets ...netip.Ad
 // chatter exchanges data on session, one message every 10 ms, until the
 // returned function is called; that returns how many exchanges succeeded
 // and the first failure, after which chatter stops.
+//
+// An exchange may take a while: leaving ipvs, the handover drops the
+// connection's packets until IPVS has expired its entry, up to 3 s
+// (handoverWait; in the emulated VM under a loaded host the removal took
+// 4.3 s once, which a 5-second exchange did not survive), and TCP then
+// sends again only on its backoff (0.2, 0.4, 0.8, 1.6, 3.2 s): a 3-second
+// drop costs an exchange up to about 6 s.
 func chatter(session *netlab.Session) func() (int, error) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -403,7 +410,7 @@ func chatter(session *netlab.Session) func() (int, error) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			if err := session.Exchange(fmt.Sprintf("busy-%d", n), 5*time.Second); err != nil {
+			if err := session.Exchange(fmt.Sprintf("busy-%d", n), 12*time.Second); err != nil {
 				failure = err
 				return
 			}

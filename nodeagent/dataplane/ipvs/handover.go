@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 )
@@ -266,6 +267,12 @@ func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow
 			if pending = wait; len(pending) > 0 {
 				time.Sleep(10 * time.Millisecond)
 			}
+		}
+		if len(pending) > 0 {
+			// Their packets have been dropped all this while; say why the
+			// pause was this long.
+			klog.InfoS("IPVS had not expired the connections of the deleted virtual services in time; deleting their conntrack entries to hand them over",
+				"family", f.Name, "connections", len(pending), "of", len(flows), "waited", handoverWait)
 		}
 		for _, fl := range pending {
 			orig := tupleAttr(nl.CTA_TUPLE_ORIG, fl.proto, fl.client, fl.service)
