@@ -6,8 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-
-	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
 // String dumps the ruleset in nft's syntax, deterministically: sets and
@@ -40,9 +38,11 @@ type wanted struct {
 	elems  map[string][][]element
 }
 
-// objects gathers what rs puts in the kernel, the ports' pieces in the
-// order of their names. The hairpin set's elements are one piece, each
-// once: ports with an endpoint in common hold the same element.
+// objects gathers what rs puts in the kernel. The ports' pieces come in
+// no particular order (the kernel needs none, String sorts, and a resync
+// that runs every 30 s need not sort 10 000 names). The hairpin set's
+// elements are one piece, each once: ports with an endpoint in common
+// hold the same element.
 func (rs *ruleset) objects() wanted {
 	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
 	add := func(s *set) {
@@ -59,8 +59,7 @@ func (rs *ruleset) objects() wanted {
 	}
 	var hairpin []element
 	hairpinSeen := map[string]bool{}
-	for _, name := range model.SortedNames(rs.ports) {
-		objs := rs.ports[name]
+	for _, objs := range rs.ports {
 		for _, c := range objs.chains {
 			w.chains[c.Name] = c
 		}
