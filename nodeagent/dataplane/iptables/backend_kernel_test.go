@@ -472,3 +472,91 @@ func TestKernelPresent(t *testing.T) {
 		present(false, "with a chain of another name")
 	})
 }
+
+// A cleanup by the backend that synced the rules removes its chains by
+// name (iptables-nft), then lists the tables for anything else of
+// proxyshift's: it reports the same objects as a cleanup that only lists
+// them (a backend that never synced), removes chains the backend did not
+// program, and still removes everything when one of its chains is gone
+// already (the removal by name fails whole, the listing finds the rest).
+func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, v Variant) {
+		ctx := context.Background()
+		synced := func(t *testing.T) (*netlab.NetNS, *Backend) {
+			ns := kernelNS(t, v)
+			b := newKernelBackend(t, ns, v)
+			if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: kernelModel(), Full: true}); err != nil {
+				t.Fatal(err)
+			}
+			return ns, b
+		}
+		cleanedUp := func(t *testing.T, ns *netlab.NetNS, b *Backend) []string {
+			t.Helper()
+			removed, err := b.Cleanup(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left := ours(t, ns, v); left != "" {
+				t.Errorf("left after cleanup:\n%s", left)
+			}
+			slices.Sort(removed)
+			return removed
+		}
+
+		nsA, a := synced(t)
+		byName := cleanedUp(t, nsA, a)
+		nsB, _ := synced(t)
+		listed := cleanedUp(t, nsB, newKernelBackend(t, nsB, v))
+		if !slices.Equal(byName, listed) {
+			t.Errorf("the syncing backend's cleanup removed\n%s\nthe listing cleanup\n%s", strings.Join(byName, "\n"), strings.Join(listed, "\n"))
+		}
+
+		t.Run("a chain it did not program", func(t *testing.T) {
+			ns, b := synced(t)
+			ipt(t, ns, v, false, "", "", "-t", "nat", "-N", ChainPrefix+"LEFTOVER")
+			removed := cleanedUp(t, ns, b)
+			if !slices.Contains(removed, removedChain(runner{variant: v}.tool(ipv4), tableNAT, ChainPrefix+"LEFTOVER")) {
+				t.Errorf("the leftover chain is not among the removed objects:\n%s", strings.Join(removed, "\n"))
+			}
+			if len(removed) != len(listed)+1 {
+				t.Errorf("removed %d objects, want %d", len(removed), len(listed)+1)
+			}
+		})
+		t.Run("a chain of it gone", func(t *testing.T) {
+			ns, b := synced(t)
+			// Take one chain out (the first the listing names that
+			// another chain jumps to): flush it and the chains that refer
+			// to it, then delete it.
+			cur, err := parseSave([]byte(ipt(t, ns, v, false, "save", "")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			nat := cur[tableNAT]
+			var gone string
+			var from []string
+			for _, c := range nat.chains {
+				for _, r := range nat.rules[c] {
+					if tgt := target(r); owned(c) && owned(tgt) && tgt != c && !nat.builtin[tgt] {
+						if gone == "" {
+							gone = tgt
+						}
+						if tgt == gone && !slices.Contains(from, c) {
+							from = append(from, c)
+						}
+					}
+				}
+			}
+			if gone == "" {
+				t.Fatal("no proxyshift chain jumps to another")
+			}
+			for _, c := range append(from, gone) {
+				ipt(t, ns, v, false, "", "", "-t", "nat", "-F", c)
+			}
+			ipt(t, ns, v, false, "", "", "-t", "nat", "-X", gone)
+			removed := cleanedUp(t, ns, b)
+			if want := removedChain(runner{variant: v}.tool(ipv4), tableNAT, gone); slices.Contains(removed, want) || len(removed) != len(listed)-1 {
+				t.Errorf("removed %d objects (%q among them: %v), want %d without it", len(removed), want, slices.Contains(removed, want), len(listed)-1)
+			}
+		})
+	})
+}

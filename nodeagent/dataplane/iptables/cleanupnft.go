@@ -87,6 +87,46 @@ func removeNFT(netns nsexec.NS, f *family, cur savedTables, tool string) ([]stri
 	return removed, nil
 }
 
+// programmedTables lists the chains rs puts into family f's tables in
+// netns as removeNFT reads a listing: every chain of rs, and those of the
+// built-in chains that rs's jump rules are in which exist (marked
+// built-in, so that removeNFT finds those rules and deletes them).
+func programmedTables(netns nsexec.NS, f *family, rs *ruleset) (savedTables, error) {
+	cur := savedTables{}
+	table := func(name string) *savedTable {
+		t := cur[name]
+		if t == nil {
+			t = &savedTable{builtin: map[string]bool{}}
+			cur[name] = t
+		}
+		return t
+	}
+	for _, j := range jumps {
+		t := table(j.table)
+		if t.builtin[j.chain] {
+			continue
+		}
+		ok, err := nft.ChainExists(netns, f.nft, j.table, j.chain)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			t.builtin[j.chain] = true
+			t.chains = append(t.chains, j.chain)
+		}
+	}
+	add := func(c *chain) { t := table(c.table); t.chains = append(t.chains, c.name) }
+	for _, c := range rs.fixed {
+		add(c)
+	}
+	for _, pr := range rs.ports {
+		for _, c := range pr.chains {
+			add(c)
+		}
+	}
+	return cur, nil
+}
+
 // verdictChain is the chain a rule jumps or goes to ("" if none): the
 // -j or -g target of an iptables-nft rule that names a chain.
 func verdictChain(rule *nftables.Rule) string {
