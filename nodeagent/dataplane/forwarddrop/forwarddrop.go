@@ -36,22 +36,35 @@ import (
 // variant is read from the kernel only when its filter table exists in
 // ns (listed in ip_tables_names under /proc/thread-self/net, the
 // namespace of the thread, not of the process), so Find never creates it.
+// A family whose tables hold more than ListedChains chains is not listed:
+// each of its tables is asked for its forward chain by name instead.
 func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, error) {
 	var found []string
-	// One dump of chains per family, read in large batches (nft.Reader):
-	// iptables-nft's tables can hold 110 000 chains (an iptables mode at
-	// 10 000 services, during a switch), which google/nftables' listing
-	// of every family's chains read in 10 s.
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6, nftables.TableFamilyINet} {
+		tables, err := nft.TableUses(ns, fam)
+		if err != nil {
+			return nil, fmt.Errorf("forwarddrop: %w", err)
+		}
+		chains := 0
+		for _, use := range tables {
+			chains += int(use)
+		}
+		note := func(c *nftables.Chain) {
+			if c != nil && dropsForwarded(c) && !slices.Contains(ownTables, c.Table.Name) {
+				found = append(found, fmt.Sprintf("nftables %s %s %s", familyName(c.Table.Family), c.Table.Name, c.Name))
+			}
+		}
+		if chains > ListedChains {
+			if err := lookUpForwardChains(ns, fam, tables, ownTables, note); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		r, err := nft.NewReader(ctx, ns, fam, "")
 		if err != nil {
 			return nil, fmt.Errorf("forwarddrop: %w", err)
 		}
-		err = r.EachChain(func(c *nftables.Chain) {
-			if dropsForwarded(c) && !slices.Contains(ownTables, c.Table.Name) {
-				found = append(found, fmt.Sprintf("nftables %s %s %s", familyName(c.Table.Family), c.Table.Name, c.Name))
-			}
-		})
+		err = r.EachChain(note)
 		_ = r.Close()
 		if err != nil {
 			return nil, fmt.Errorf("forwarddrop: list nftables chains: %w", err)
@@ -64,6 +77,45 @@ func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, err
 	found = append(found, legacy...)
 	slices.Sort(found)
 	return found, nil
+}
+
+// ListedChains is the most chains a family's tables may hold (as their
+// use counts say: chains, sets and other objects) for Find to list them
+// all. The kernel lists a family's chains in pieces of at most 32 KB and
+// walks every chain before a piece's first to resume it, so a listing
+// costs the square of the chains: 20 000 take about 40 ms, 110 000
+// (iptables-nft's tables at 10 000 services, while a node switches from
+// iptables to nftables mode, whose first sync looks) 0.4 s in
+// BenchmarkFindBesideIPTables10k's namespace and 1.1 s of the agent's CPU
+// in that switch, half its Programming phase. Above it, Find asks each
+// table for its forward chain by the names programs give it
+// (lookUpForwardChains), 4 ms in all. A variable for the tests.
+var ListedChains = 20000
+
+// forwardChainNames are the names base chains at the forward hook have
+// in the tables that grow that large, which programs generate: iptables'
+// FORWARD (iptables-nft's filter table), kube-proxy's and proxyshift's
+// filter-forward, and forward, the name nft's own examples give it.
+var forwardChainNames = []string{"FORWARD", "filter-forward", "forward"}
+
+// lookUpForwardChains calls note with each chain named in
+// forwardChainNames of tables (family fam) but ownTables, found by name;
+// a forward chain of another name is not seen. It asks for each chain
+// alone, which the kernel finds in a hash table.
+func lookUpForwardChains(ns nsexec.NS, fam nftables.TableFamily, tables map[string]uint32, ownTables []string, note func(*nftables.Chain)) error {
+	for table := range tables {
+		if slices.Contains(ownTables, table) {
+			continue
+		}
+		for _, name := range forwardChainNames {
+			c, err := nft.LookupChain(ns, fam, table, name)
+			if err != nil {
+				return fmt.Errorf("forwarddrop: %w", err)
+			}
+			note(c)
+		}
+	}
+	return nil
 }
 
 // dropsForwarded says whether c is a base chain at the forward hook of

@@ -47,23 +47,7 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 // sends every chain of the family whatever table the request names.
 func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Chain)) error {
 	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
-		ch := &nftables.Chain{Table: &nftables.Table{Family: fam}}
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_CHAIN_TABLE:
-				ch.Table.Name = ad.String()
-			case unix.NFTA_CHAIN_NAME:
-				ch.Name = ad.String()
-			case unix.NFTA_CHAIN_TYPE:
-				ch.Type = nftables.ChainType(ad.String())
-			case unix.NFTA_CHAIN_HOOK:
-				ad.Nested(decodeHook(ch))
-			case unix.NFTA_CHAIN_POLICY:
-				p := nftables.ChainPolicy(binary.BigEndian.Uint32(ad.Bytes()))
-				ch.Policy = &p
-			}
-		}
-		if ch.Name != "" {
+		if ch := decodeChain(fam, ad); ch.Name != "" {
 			fn(ch)
 		}
 	})
@@ -71,6 +55,28 @@ func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Ch
 		return fmt.Errorf("nft: list the chains: %w", err)
 	}
 	return nil
+}
+
+// decodeChain decodes one chain message of family fam: its table's name,
+// its name, and for a base chain its type, hook, priority and policy.
+func decodeChain(fam nftables.TableFamily, ad *netlink.AttributeDecoder) *nftables.Chain {
+	ch := &nftables.Chain{Table: &nftables.Table{Family: fam}}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CHAIN_TABLE:
+			ch.Table.Name = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			ch.Name = ad.String()
+		case unix.NFTA_CHAIN_TYPE:
+			ch.Type = nftables.ChainType(ad.String())
+		case unix.NFTA_CHAIN_HOOK:
+			ad.Nested(decodeHook(ch))
+		case unix.NFTA_CHAIN_POLICY:
+			p := nftables.ChainPolicy(binary.BigEndian.Uint32(ad.Bytes()))
+			ch.Policy = &p
+		}
+	}
+	return ch
 }
 
 // decodeHook decodes a chain's NFTA_CHAIN_HOOK into ch.
@@ -309,22 +315,54 @@ func TableExists(netns nsexec.NS, name string) (bool, error) {
 }
 
 // ChainExists says whether table of family fam in network namespace
-// netns has a chain named chain (false when the table does not exist). It
-// asks for that one chain, which the kernel finds by name in a hash
-// table: unlike a dump of the table's chains, its cost does not grow with
-// the table.
+// netns has a chain named chain (false when the table does not exist);
+// see LookupChain.
 func ChainExists(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (bool, error) {
+	c, err := LookupChain(netns, fam, table, chain)
+	return c != nil, err
+}
+
+// LookupChain returns table's chain named chain in family fam in network
+// namespace netns, as eachChainOn decodes it, or nil when there is no
+// such chain (or table). It asks for that one chain, which the kernel
+// finds by name in a hash table: unlike a dump of the family's chains,
+// its cost does not grow with the tables.
+func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (*nftables.Chain, error) {
 	c, err := dial(netns)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer c.Close()
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_CHAIN_TABLE, table)
 	ae.String(unix.NFTA_CHAIN_NAME, chain)
-	found := false
-	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(*netlink.AttributeDecoder) { found = true }); err != nil {
-		return false, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
+	var found *nftables.Chain
+	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(ad *netlink.AttributeDecoder) { found = decodeChain(fam, ad) }); err != nil {
+		return nil, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
 	}
 	return found, nil
+}
+
+// TableUses returns, for each table of family fam in network namespace
+// netns, the table's use count: how many chains, sets and other objects
+// it holds (google/nftables decodes it in the wrong byte order).
+func TableUses(netns nsexec.NS, fam nftables.TableFamily) (map[string]uint32, error) {
+	uses := map[string]uint32{}
+	err := dumpWith(netns, fam, unix.NFT_MSG_GETTABLE, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
+		var name string
+		var use uint32
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_NAME:
+				name = ad.String()
+			case unix.NFTA_TABLE_USE:
+				use = binary.BigEndian.Uint32(ad.Bytes())
+			}
+		}
+		uses[name] = use
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the tables: %w", err)
+	}
+	return uses, nil
 }
