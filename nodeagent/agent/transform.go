@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"unique"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,10 +35,27 @@ func trimObject(obj any) (any, error) {
 
 // trimService keeps the Service's identity (events name it), the one
 // label the model reads, its spec without the pod selector, and the
-// load-balancer addresses of its status.
+// load-balancer addresses of its status; see share for the spec's
+// strings.
 func trimService(svc *corev1.Service) {
 	trimMeta(&svc.ObjectMeta, model.LabelServiceProxyName, "")
-	svc.Spec.Selector = nil
+	sp := &svc.Spec
+	sp.Selector = nil
+	sp.Type = share(sp.Type)
+	sp.SessionAffinity = share(sp.SessionAffinity)
+	sp.ExternalTrafficPolicy = share(sp.ExternalTrafficPolicy)
+	sp.InternalTrafficPolicy = sharePtr(sp.InternalTrafficPolicy, internalPolicies...)
+	sp.IPFamilyPolicy = sharePtr(sp.IPFamilyPolicy, familyPolicies...)
+	for i := range sp.IPFamilies {
+		sp.IPFamilies[i] = share(sp.IPFamilies[i])
+	}
+	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0] == sp.ClusterIP {
+		sp.ClusterIPs[0] = sp.ClusterIP
+	}
+	for i := range sp.Ports {
+		p := &sp.Ports[i]
+		p.Name, p.Protocol, p.TargetPort.StrVal = share(p.Name), share(p.Protocol), share(p.TargetPort.StrVal)
+	}
 	svc.Status.Conditions = nil
 	for i := range svc.Status.LoadBalancer.Ingress {
 		svc.Status.LoadBalancer.Ingress[i].Ports = nil
@@ -49,11 +68,87 @@ func trimService(svc *corev1.Service) {
 // hints.
 func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 	trimMeta(&s.ObjectMeta, discoveryv1.LabelServiceName, corev1.EndpointsLastChangeTriggerTime)
+	s.AddressType = share(s.AddressType)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
+		c := &e.Conditions
+		c.Ready, c.Serving, c.Terminating = shareBool(c.Ready), shareBool(c.Serving), shareBool(c.Terminating)
+		shareIn(e.NodeName)
+		shareIn(e.Zone)
+		if h := e.Hints; h != nil {
+			for j := range h.ForZones {
+				h.ForZones[j].Name = share(h.ForZones[j].Name)
+			}
+			for j := range h.ForNodes {
+				h.ForNodes[j].Name = share(h.ForNodes[j].Name)
+			}
+		}
+	}
+	for i := range s.Ports {
+		p := &s.Ports[i]
+		shareIn(p.Name)
+		p.Protocol = sharePtr(p.Protocol, protocols...)
 	}
 }
+
+// Each object decoded from the API server carries its own copy of every
+// string in it, and its own pointer to every optional field: the same
+// "TCP", "Cluster" or node name as many times as objects name it, and
+// three booleans for each endpoint. share and its kin make the objects
+// the cache keeps point to one copy of each instead. Strings go through
+// Go's unique package, which keeps one copy of each string while any
+// object refers to it (so names of nodes long gone do not pile up);
+// pointers to the values the API defines point to one variable per
+// value. Nothing writes through them: the cache's objects are read-only
+// to everyone. Addresses are left alone: each is its own.
+
+// share returns s, its bytes shared with every other string shared with
+// the same contents.
+func share[S ~string](s S) S {
+	if s == "" {
+		return s
+	}
+	return S(unique.Make(string(s)).Value())
+}
+
+// shareIn shares the string p points to in place (see share).
+func shareIn[S ~string](p *S) {
+	if p != nil {
+		*p = share(*p)
+	}
+}
+
+// sharePtr returns the one of known that holds *p's value, or p when
+// none does (nil for nil).
+func sharePtr[T comparable](p *T, known ...*T) *T {
+	if p == nil {
+		return nil
+	}
+	for _, k := range known {
+		if *k == *p {
+			return k
+		}
+	}
+	return p
+}
+
+// The values the API defines for the pointer fields the agent keeps.
+var (
+	protoTCP, protoUDP, protoSCTP    = corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP
+	protocols                        = []*corev1.Protocol{&protoTCP, &protoUDP, &protoSCTP}
+	policyCluster, policyLocal       = corev1.ServiceInternalTrafficPolicyCluster, corev1.ServiceInternalTrafficPolicyLocal
+	internalPolicies                 = []*corev1.ServiceInternalTrafficPolicy{&policyCluster, &policyLocal}
+	singleStack, preferDual, reqDual = corev1.IPFamilyPolicySingleStack, corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack
+	familyPolicies                   = []*corev1.IPFamilyPolicy{&singleStack, &preferDual, &reqDual}
+)
+
+// shareBool returns a pointer to the one variable holding *p's value
+// (nil for nil).
+func shareBool(p *bool) *bool { return sharePtr(p, &yes, &no) }
+
+// yes and no are the booleans every endpoint condition points to.
+var yes, no = true, false
 
 // trimMeta keeps an object's name, namespace, UID, resource version and
 // creation time (the oldest Service wins an external address both claim),

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -141,5 +143,37 @@ func TestTrimKeepsTheModel(t *testing.T) {
 	tomb := "a tombstone"
 	if got, _ := trimObject(tomb); got != tomb {
 		t.Errorf("other objects are not passed through: %v", got)
+	}
+}
+
+// Two objects decoded apart share, once trimmed, the strings and the
+// pointers to the API's values that they both hold: one copy in memory.
+func TestTrimSharesWhatObjectsHoldAlike(t *testing.T) {
+	svc1, slice1 := fullObjects()
+	svc2, slice2 := fullObjects()
+	// As decoded: every string its own copy.
+	slice2.Endpoints[0].NodeName = ptr.To(strings.Clone(*slice1.Endpoints[0].NodeName))
+	svc2.Spec.Ports[0].Name = strings.Clone(svc1.Spec.Ports[0].Name)
+	for _, o := range []any{svc1, slice1, svc2, slice2} {
+		_, _ = trimObject(o)
+	}
+	same := func(what string, a, b string) {
+		if unsafe.StringData(a) != unsafe.StringData(b) {
+			t.Errorf("%s: two copies of %q", what, a)
+		}
+	}
+	e1, e2 := slice1.Endpoints[0], slice2.Endpoints[0]
+	same("node name", *e1.NodeName, *e2.NodeName)
+	same("zone", *e1.Zone, *e2.Zone)
+	same("port name", svc1.Spec.Ports[0].Name, svc2.Spec.Ports[0].Name)
+	same("service type", string(svc1.Spec.Type), string(svc2.Spec.Type))
+	if e1.Conditions.Ready != e2.Conditions.Ready || e1.Conditions.Ready == slice1.Endpoints[1].Conditions.Ready {
+		t.Error("the endpoints' conditions do not point to one variable per value")
+	}
+	if slice1.Ports[0].Protocol != slice2.Ports[0].Protocol || svc1.Spec.InternalTrafficPolicy != svc2.Spec.InternalTrafficPolicy {
+		t.Error("pointers to the API's values are not shared")
+	}
+	if *e1.Conditions.Ready != true || *slice1.Endpoints[1].Conditions.Ready != false || *slice1.Ports[0].Protocol != corev1.ProtocolTCP {
+		t.Error("sharing changed a value")
 	}
 }
