@@ -29,6 +29,9 @@ type Backend struct {
 	// state is what the last successful sync of each family programmed;
 	// without it the next sync of the family is a full one.
 	state map[*family]*ruleset
+	// verified is how far a periodic resync's verification of each
+	// family got before a change preempted it (nft variant).
+	verified map[*family]verifyProgress
 	// swept says the other variant has been cleared of proxyshift's
 	// objects since New or Cleanup.
 	swept bool
@@ -75,10 +78,11 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("iptables: unknown variant %q (want %s or %s)", o.variant, Legacy, NFT)
 	}
 	b := &Backend{
-		run:     runner{variant: o.variant, netns: o.netns},
-		policy:  map[*family]*dataplane.NodePolicy{},
-		procSys: o.procSys,
-		state:   map[*family]*ruleset{},
+		run:      runner{variant: o.variant, netns: o.netns},
+		policy:   map[*family]*dataplane.NodePolicy{},
+		procSys:  o.procSys,
+		state:    map[*family]*ruleset{},
+		verified: map[*family]verifyProgress{},
 	}
 	if ok, missing := b.run.installed(); !ok {
 		return nil, fmt.Errorf("iptables: %s variant: %s %w", o.variant, missing, errNotInstalled)
@@ -233,6 +237,7 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 		return err
 	}
 	b.state[f] = rs
+	delete(b.verified, f)
 	return nil
 }
 
@@ -321,6 +326,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	programmed := b.state
 	b.state = map[*family]*ruleset{}
+	b.verified = map[*family]verifyProgress{}
 	b.swept = false
 	b.genKnown = false
 	removed, err := cleanupVariant(ctx, b.run, programmed, true)

@@ -2,7 +2,9 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -559,4 +561,41 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestKernelVerifyGoesOnWhereItStopped (nft variant): a verification
+// preempted by a change keeps what it verified, so that one longer than
+// the time between two changes still ends: damage to a chain it had
+// counted before the change is not seen by the attempt that goes on
+// (which then ends, and leaves no progress behind), and is found by the
+// next one, which starts afresh.
+func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
+	ns := kernelNS(t, NFT)
+	b := newKernelBackend(t, ns, NFT)
+	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: kernelModel(), Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	rs := b.state[ipv4]
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.verify(ctx, ipv4, rs); !errors.Is(err, context.Canceled) {
+		t.Fatalf("verify with an ended context: %v", err)
+	}
+	if p := b.verified[ipv4]; p.rs != rs {
+		t.Fatalf("no progress kept for the ruleset after a preempted verification: %+v", p)
+	}
+	// As if an attempt had counted every nat chain before a change.
+	nat := slices.Sorted(maps.Keys(wantRules(tableNAT, rs)))
+	b.verified[ipv4] = verifyProgress{rs: rs, listed: true, table: tableNAT, chain: nat[len(nat)-1]}
+	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-A", nat[0], "-j", "RETURN")
+	if why, err := b.verify(context.Background(), ipv4, rs); err != nil || why != "" {
+		t.Fatalf("going on after the nat chains: %q, %v; want no difference (the damage is behind)", why, err)
+	}
+	if p, ok := b.verified[ipv4]; ok {
+		t.Fatalf("progress after a finished verification: %+v; want none", p)
+	}
+	want := fmt.Sprintf("nat chain %s has", nat[0])
+	if why, err := b.verify(context.Background(), ipv4, rs); err != nil || !strings.HasPrefix(why, want) {
+		t.Fatalf("a fresh verification: %q, %v; want %q...", why, err, want)
+	}
 }

@@ -74,6 +74,19 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 	return cur, nil
 }
 
+// nftRuleCounts counts the rules of chains of table (family f) in
+// network namespace netns, a dump per chain (nft.Reader.RuleCountsOf),
+// stopping as soon as ctx ends; chains without rules (or missing) are
+// not in the result.
+func nftRuleCounts(ctx context.Context, netns nsexec.NS, f *family, table string, chains []string) (map[string]int, error) {
+	r, err := nft.NewReader(ctx, netns, f.nft, "")
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return r.RuleCountsOf(table, chains)
+}
+
 // builtinChains are the names iptables gives the base chains of its
 // tables.
 var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
