@@ -59,13 +59,13 @@ func TestFindListsSmallFamiliesAndLooksUpLargeOnes(t *testing.T) {
 		listed int
 		want   []string
 	}{
-		{"listed", ListedChains, []string{"nftables ip filter FORWARD", "nftables ip fw fw-forward", "nftables ip kp filter-forward"}},
+		{"listed", listedChains, []string{"nftables ip filter FORWARD", "nftables ip fw fw-forward", "nftables ip kp filter-forward"}},
 		// fw's chain has a name of its own: not seen.
 		{"looked up by name", 50, []string{"nftables ip filter FORWARD", "nftables ip kp filter-forward"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			defer func(was int) { ListedChains = was }(ListedChains)
-			ListedChains = tc.listed
+			defer func(was int) { listedChains = was }(listedChains)
+			listedChains = tc.listed
 			got, err := Find(context.Background(), ns.NS(), "own")
 			if err != nil {
 				t.Fatal(err)

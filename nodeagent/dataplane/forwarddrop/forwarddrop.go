@@ -36,8 +36,9 @@ import (
 // variant is read from the kernel only when its filter table exists in
 // ns (listed in ip_tables_names under /proc/thread-self/net, the
 // namespace of the thread, not of the process), so Find never creates it.
-// A family whose tables hold more than ListedChains chains is not listed:
-// each of its tables is asked for its forward chain by name instead.
+// A family whose tables hold more than listedChains (20 000) chains is
+// not listed: each of its tables is asked for its forward chain by name
+// instead.
 func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, error) {
 	var found []string
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6, nftables.TableFamilyINet} {
@@ -54,7 +55,7 @@ func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, err
 				found = append(found, fmt.Sprintf("nftables %s %s %s", familyName(c.Table.Family), c.Table.Name, c.Name))
 			}
 		}
-		if chains > ListedChains {
+		if chains > listedChains {
 			if err := lookUpForwardChains(ns, fam, tables, ownTables, note); err != nil {
 				return nil, err
 			}
@@ -79,7 +80,7 @@ func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, err
 	return found, nil
 }
 
-// ListedChains is the most chains a family's tables may hold (as their
+// listedChains is the most chains a family's tables may hold (as their
 // use counts say: chains, sets and other objects) for Find to list them
 // all. The kernel lists a family's chains in pieces of at most 32 KB and
 // walks every chain before a piece's first to resume it, so a listing
@@ -90,7 +91,7 @@ func Find(ctx context.Context, ns nsexec.NS, ownTables ...string) ([]string, err
 // in that switch, half its Programming phase. Above it, Find asks each
 // table for its forward chain by the names programs give it
 // (lookUpForwardChains), 4 ms in all. A variable for the tests.
-var ListedChains = 20000
+var listedChains = 20000
 
 // forwardChainNames are the names base chains at the forward hook have
 // in the tables that grow that large, which programs generate: iptables'

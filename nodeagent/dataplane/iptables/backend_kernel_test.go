@@ -505,6 +505,30 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 			return removed
 		}
 
+		if v == NFT {
+			// The removal by name alone removes everything the sync
+			// programmed: the listing after it has nothing left to find.
+			ns, b := synced(t)
+			cur, err := programmedTables(ns.NS(), ipv4, b.state[ipv4])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := removeNFT(ns.NS(), ipv4, cur, runner{variant: v}.tool(ipv4)); err != nil {
+				t.Fatalf("removal by name: %v", err)
+			}
+			left, err := nftTables(ctx, ns.NS(), ipv4, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for table, tb := range left {
+				for _, c := range tb.chains {
+					if owned(c) {
+						t.Errorf("left after the removal by name: %s chain %s", table, c)
+					}
+				}
+			}
+		}
+
 		nsA, a := synced(t)
 		byName := cleanedUp(t, nsA, a)
 		nsB, _ := synced(t)
