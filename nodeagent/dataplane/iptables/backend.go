@@ -29,9 +29,6 @@ type Backend struct {
 	// state is what the last successful sync of each family programmed;
 	// without it the next sync of the family is a full one.
 	state map[*family]*ruleset
-	// verified is how far a periodic resync's verification of each
-	// family got before a change preempted it (nft variant).
-	verified map[*family]verifyProgress
 	// swept says the other variant has been cleared of proxyshift's
 	// objects since New or Cleanup.
 	swept bool
@@ -78,11 +75,10 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("iptables: unknown variant %q (want %s or %s)", o.variant, Legacy, NFT)
 	}
 	b := &Backend{
-		run:      runner{variant: o.variant, netns: o.netns},
-		policy:   map[*family]*dataplane.NodePolicy{},
-		procSys:  o.procSys,
-		state:    map[*family]*ruleset{},
-		verified: map[*family]verifyProgress{},
+		run:     runner{variant: o.variant, netns: o.netns},
+		policy:  map[*family]*dataplane.NodePolicy{},
+		procSys: o.procSys,
+		state:   map[*family]*ruleset{},
 	}
 	if ok, missing := b.run.installed(); !ok {
 		return nil, fmt.Errorf("iptables: %s variant: %s %w", o.variant, missing, errNotInstalled)
@@ -237,7 +233,6 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 		return err
 	}
 	b.state[f] = rs
-	delete(b.verified, f)
 	return nil
 }
 
@@ -290,7 +285,17 @@ func (b *Backend) incremental(ctx context.Context, f *family, rs *ruleset, ports
 // families: Services counts the service ports named in the comments of
 // the fixed chains' rules, Endpoints the endpoint chains with rules, Rules
 // every rule of a proxyshift chain plus the jump rules into them.
+//
+// In the nft variant it first reads only the chains, with their use
+// counts, and compares them with what the backend's last syncs
+// programmed (programmedAsSynced); only when they differ does it count
+// what the kernel holds rule by rule, for a report of what is there.
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
+	if b.run.variant == NFT {
+		if c, ok, err := b.programmedAsSynced(ctx); err != nil || ok {
+			return c, err
+		}
+	}
 	var total dataplane.Counts
 	for _, f := range families {
 		cur, err := b.run.read(ctx, f, sharedChains, true)
@@ -300,6 +305,42 @@ func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
 		total = total.Plus(countSaved(cur))
 	}
 	return total, nil
+}
+
+// programmedAsSynced is Programmed for the nft variant when the kernel
+// holds what the backend's state says it programmed: the proxyshift
+// chains of each family are exactly the state's, and each chain's use
+// count (its rules plus the jumps to it) is what the state implies
+// (compareChains). Then the counts are the state's, and ok is true. It
+// is one dump of each family's chains (about a second for iptables-nft's
+// 110 000 at 10 000 services), where counting the rules is a dump per
+// chain besides (5.7 s in all: BenchmarkProgrammed/nft/10k). The lock is
+// held only to take what the state implies: syncs go on while it reads.
+func (b *Backend) programmedAsSynced(ctx context.Context) (dataplane.Counts, bool, error) {
+	want := map[*family]map[string]map[string]int{}
+	b.mu.Lock()
+	for _, f := range families {
+		want[f] = map[string]map[string]int{}
+		for _, table := range tables {
+			if rs := b.state[f]; rs != nil {
+				want[f][table] = wantUses(table, rs, wantRules(table, rs))
+			}
+		}
+	}
+	synced := b.counts()
+	b.mu.Unlock()
+	for _, f := range families {
+		cur, err := nftTables(ctx, b.run.netns, f, false)
+		if err != nil {
+			return dataplane.Counts{}, false, fmt.Errorf("iptables: read %s's tables over netlink: %w", b.run.tool(f), err)
+		}
+		for _, table := range tables {
+			if compareChains(table, want[f][table], cur[table], true) != "" {
+				return dataplane.Counts{}, false, nil
+			}
+		}
+	}
+	return synced, true, nil
 }
 
 // Present says whether the kernel holds proxyshift's rules in the
@@ -326,7 +367,6 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 	defer b.mu.Unlock()
 	programmed := b.state
 	b.state = map[*family]*ruleset{}
-	b.verified = map[*family]verifyProgress{}
 	b.swept = false
 	b.genKnown = false
 	removed, err := cleanupVariant(ctx, b.run, programmed, true)

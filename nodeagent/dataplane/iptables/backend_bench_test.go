@@ -73,6 +73,23 @@ func BenchmarkResync(b *testing.B) {
 	})
 }
 
+// BenchmarkVerify measures the periodic resync's verification of both
+// families of a node holding the model: what a resync reads when the
+// ruleset generation moved since the last one (BenchmarkResync's later
+// rounds find it quiet and read nothing).
+func BenchmarkVerify(b *testing.B) {
+	forEachSize(b, func(b *testing.B, v Variant, n int) {
+		be, _ := syncedBackend(b, v, n)
+		for b.Loop() {
+			for _, f := range families {
+				if why, err := be.verify(context.Background(), f, be.state[f]); err != nil || why != "" {
+					b.Fatalf("%s: %q, %v", f.tool, why, err)
+				}
+			}
+		}
+	})
+}
+
 // BenchmarkProgrammed measures Programmed on a node holding the model:
 // what a mode switch's Verifying phase reads back before it probes.
 func BenchmarkProgrammed(b *testing.B) {

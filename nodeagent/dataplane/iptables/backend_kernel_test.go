@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -587,39 +586,69 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 	})
 }
 
-// TestKernelVerifyGoesOnWhereItStopped (nft variant): a verification
-// preempted by a change keeps what it verified, so that one longer than
-// the time between two changes still ends: damage to a chain it had
-// counted before the change is not seen by the attempt that goes on
-// (which then ends, and leaves no progress behind), and is found by the
-// next one, which starts afresh.
-func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
+// TestKernelUseCountsSeeWhatRuleCountsDoNot (nft variant): the
+// verification and Programmed read only the chains, with the kernel's use
+// counts (rules plus jumps to each chain). They find the kernel as synced;
+// they see a service chain's jump to one endpoint's chain turned into a
+// jump to another's, which leaves every chain's number of rules as it was
+// (counting rules, as the verification did before, sees nothing); and
+// when the chains differ from the state, Programmed counts what the
+// kernel holds rule by rule.
+func TestKernelUseCountsSeeWhatRuleCountsDoNot(t *testing.T) {
 	ns := kernelNS(t, NFT)
 	b := newKernelBackend(t, ns, NFT)
-	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: kernelModel(), Full: true}); err != nil {
+	ctx := context.Background()
+	synced, err := b.Sync(ctx, dataplane.SyncRequest{Model: kernelModel(), Full: true})
+	if err != nil {
 		t.Fatal(err)
 	}
-	rs := b.state[ipv4]
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := b.verify(ctx, ipv4, rs); !errors.Is(err, context.Canceled) {
-		t.Fatalf("verify with an ended context: %v", err)
+	if got, ok, err := b.programmedAsSynced(ctx); err != nil || !ok || got != synced {
+		t.Fatalf("programmedAsSynced after a sync: %+v, %v, %v; want %+v, true", got, ok, err, synced)
 	}
-	if p := b.verified[ipv4]; p.rs != rs {
-		t.Fatalf("no progress kept for the ruleset after a preempted verification: %+v", p)
+	if why, err := b.verify(ctx, ipv4, b.state[ipv4]); err != nil || why != "" {
+		t.Fatalf("verify after a sync: %q, %v", why, err)
 	}
-	// As if an attempt had counted every nat chain before a change.
-	nat := slices.Sorted(maps.Keys(wantRules(tableNAT, rs)))
-	b.verified[ipv4] = verifyProgress{rs: rs, listed: true, table: tableNAT, chain: nat[len(nat)-1]}
-	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-A", nat[0], "-j", "RETURN")
-	if why, err := b.verify(context.Background(), ipv4, rs); err != nil || why != "" {
-		t.Fatalf("going on after the nat chains: %q, %v; want no difference (the damage is behind)", why, err)
+
+	// web's service chain: a rule of it that jumps to an endpoint chain
+	// is made to jump to another endpoint's chain.
+	svc := namesFor(model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}).service
+	rules := strings.Split(strings.TrimSpace(ipt(t, ns, NFT, false, "", "", "-t", "nat", "-S", svc)), "\n")[1:] // after -N
+	var jumpsAt []int
+	for i, r := range rules {
+		if isEndpointChain(target(r)) {
+			jumpsAt = append(jumpsAt, i)
+		}
 	}
-	if p, ok := b.verified[ipv4]; ok {
-		t.Fatalf("progress after a finished verification: %+v; want none", p)
+	if len(jumpsAt) < 2 {
+		t.Fatalf("web's service chain has %d jumps to endpoint chains, want 2 or more:\n%s", len(jumpsAt), strings.Join(rules, "\n"))
 	}
-	want := fmt.Sprintf("nat chain %s has", nat[0])
-	if why, err := b.verify(context.Background(), ipv4, rs); err != nil || !strings.HasPrefix(why, want) {
-		t.Fatalf("a fresh verification: %q, %v; want %q...", why, err, want)
+	first, other := rules[jumpsAt[0]], target(rules[jumpsAt[1]])
+	redirect := strings.Replace(first, "-A "+svc+" ", fmt.Sprintf("-R %s %d ", svc, jumpsAt[0]+1), 1)
+	redirect = strings.Replace(redirect, "-j "+target(first), "-j "+other, 1)
+	before, err := nftTables(ctx, ns.NS(), ipv4, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ipt(t, ns, NFT, false, "restore", "*nat\n"+redirect+"\nCOMMIT\n", "--noflush")
+	after, err := nftTables(ctx, ns.NS(), ipv4, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(after[tableNAT].counts, before[tableNAT].counts) {
+		t.Fatal("the redirected jump changed a chain's number of rules: the test does not show what it means to")
+	}
+	why, err := b.verify(ctx, ipv4, b.state[ipv4])
+	if err != nil || !strings.Contains(why, "use count") {
+		t.Errorf("verify after the jump was redirected: %q, %v; want a use count that differs", why, err)
+	}
+	if _, ok, err := b.programmedAsSynced(ctx); err != nil || ok {
+		t.Errorf("programmedAsSynced after the jump was redirected: ok %v, %v; want not ok", ok, err)
+	}
+
+	// An endpoint chain loses a rule: Programmed counts the rules.
+	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-D", other, "1")
+	got, err := b.Programmed(ctx)
+	if want := synced.Minus(dataplane.Counts{Rules: 1}); err != nil || got != want {
+		t.Errorf("Programmed after a rule was deleted: %+v, %v; want %+v", got, err, want)
 	}
 }

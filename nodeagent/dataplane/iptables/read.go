@@ -28,8 +28,11 @@ import (
 // two netlink dumps of the nf_tables table iptables-nft keeps the table
 // in (same name, family ip or ip6), and the text of the few chains it
 // needs with iptables-nft -S <chain>, which reads only that chain. The
-// rule counts come from one dump per chain (nft.Reader.RuleCountsOf): one
-// dump of the table's rules took 6 minutes at 10 000 services.
+// dump of chains gives each chain's use count too (its rules plus the
+// jumps to it), which verifies the rules without reading them (see
+// compareChains); rule counts, when a caller asks, come from one dump per
+// chain (nft.Reader.RuleCountsOf): one dump of the table's rules took 6
+// minutes at 10 000 services.
 
 // read returns the nat and filter tables of family f as far as a caller
 // needs them: every chain, the rules' text of the built-in chains and of
@@ -74,26 +77,14 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 	return cur, nil
 }
 
-// nftRuleCounts counts the rules of chains of table (family f) in
-// network namespace netns, a dump per chain (nft.Reader.RuleCountsOf),
-// stopping as soon as ctx ends; chains without rules (or missing) are
-// not in the result.
-func nftRuleCounts(ctx context.Context, netns nsexec.NS, f *family, table string, chains []string) (map[string]int, error) {
-	r, err := nft.NewReader(ctx, netns, f.nft, "")
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	return r.RuleCountsOf(table, chains)
-}
-
 // builtinChains are the names iptables gives the base chains of its
 // tables.
 var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
 // nftTables reads the chains of the nf_tables tables of family f that
-// iptables-nft keeps the tables proxyshift uses in, and if counts how
-// many rules each has, in network namespace netns. A table that does not
+// iptables-nft keeps the tables proxyshift uses in, with their use
+// counts, and if counts how many rules each has, in network namespace
+// netns. A table that does not
 // exist is not in the result. Rule texts are left to the caller. The
 // chains of both tables come from one dump (the kernel's dump of chains
 // sends every chain of the family, whatever table it names); it stops as
@@ -105,17 +96,18 @@ func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (sa
 	}
 	defer r.Close()
 	cur := savedTables{}
-	err = r.EachChain(func(c *nftables.Chain) {
+	err = r.EachChainUse(func(c *nftables.Chain, use uint32) {
 		table := c.Table.Name
 		if !slices.Contains(tables, table) {
 			return
 		}
 		t := cur[table]
 		if t == nil {
-			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
+			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}, uses: map[string]int{}}
 			cur[table] = t
 		}
 		t.chains = append(t.chains, c.Name)
+		t.uses[c.Name] = int(use)
 		// A base chain iptables did not make is not one to read.
 		t.builtin[c.Name] = c.Hooknum != nil && builtinChains[c.Name]
 	})

@@ -16,8 +16,12 @@ type savedTable struct {
 	// rules are each chain's rules, as the text after "-A <chain> ". A
 	// table read over netlink has them only for some chains (see read).
 	rules map[string][]string
-	// counts are how many rules each chain has.
+	// counts are how many rules each chain has: in a table read over
+	// netlink, only if the reader asked (see read).
 	counts map[string]int
+	// uses, in a table read over netlink (nft variant), are each chain's
+	// use count: its rules plus the jumps to it (nft.Reader.EachChainUse).
+	uses map[string]int
 }
 
 // savedTables are the tables of one iptables-save output, by name.

@@ -52,6 +52,26 @@ func benchmarkResync(b *testing.B, n int) {
 	}
 }
 
+// benchmarkProgrammed measures Programmed on a table that holds the
+// model: what a mode switch's Verifying phase reads back before it
+// probes.
+func benchmarkProgrammed(b *testing.B, n int) {
+	ns, _ := kernelNS(b)
+	be := newBackend(b, ns)
+	m := dt.BenchModel(n)
+	synced, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if got, err := be.Programmed(context.Background()); err != nil || got != synced {
+			b.Fatalf("programmed %+v, %v; synced %+v", got, err, synced)
+		}
+	}
+}
+
+func BenchmarkProgrammed10k(b *testing.B) { benchmarkProgrammed(b, 10000) }
+
 func BenchmarkResync1k(b *testing.B)  { benchmarkResync(b, 1000) }
 func BenchmarkResync10k(b *testing.B) { benchmarkResync(b, 10000) }
 

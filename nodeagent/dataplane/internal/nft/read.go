@@ -43,12 +43,13 @@ func OpenTable(netns nsexec.NS, f *Family, name string) (*nftables.Conn, *nftabl
 // eachChainOn calls fn with every chain of family fam, of every table,
 // in the kernel's order, from one dump on the open socket c: its table's
 // name (Table.Name), its name, and for a base chain its type, hook,
-// priority and policy. The kernel's dump of chains takes no table: it
-// sends every chain of the family whatever table the request names.
-func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Chain)) error {
+// priority and policy; and its use count (see Reader.EachChainUse). The
+// kernel's dump of chains takes no table: it sends every chain of the
+// family whatever table the request names.
+func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Chain, uint32)) error {
 	err := dumpOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
-		if ch := decodeChain(fam, ad); ch.Name != "" {
-			fn(ch)
+		if ch, use := decodeChain(fam, ad); ch.Name != "" {
+			fn(ch, use)
 		}
 	})
 	if err != nil {
@@ -58,9 +59,11 @@ func eachChainOn(c *netlink.Conn, fam nftables.TableFamily, fn func(*nftables.Ch
 }
 
 // decodeChain decodes one chain message of family fam: its table's name,
-// its name, and for a base chain its type, hook, priority and policy.
-func decodeChain(fam nftables.TableFamily, ad *netlink.AttributeDecoder) *nftables.Chain {
+// its name, and for a base chain its type, hook, priority and policy;
+// and its use count.
+func decodeChain(fam nftables.TableFamily, ad *netlink.AttributeDecoder) (*nftables.Chain, uint32) {
 	ch := &nftables.Chain{Table: &nftables.Table{Family: fam}}
+	var use uint32
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_CHAIN_TABLE:
@@ -74,9 +77,11 @@ func decodeChain(fam nftables.TableFamily, ad *netlink.AttributeDecoder) *nftabl
 		case unix.NFTA_CHAIN_POLICY:
 			p := nftables.ChainPolicy(binary.BigEndian.Uint32(ad.Bytes()))
 			ch.Policy = &p
+		case unix.NFTA_CHAIN_USE:
+			use = binary.BigEndian.Uint32(ad.Bytes())
 		}
 	}
-	return ch
+	return ch, use
 }
 
 // decodeHook decodes a chain's NFTA_CHAIN_HOOK into ch.
@@ -337,7 +342,7 @@ func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string)
 	ae.String(unix.NFTA_CHAIN_TABLE, table)
 	ae.String(unix.NFTA_CHAIN_NAME, chain)
 	var found *nftables.Chain
-	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(ad *netlink.AttributeDecoder) { found = decodeChain(fam, ad) }); err != nil {
+	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(ad *netlink.AttributeDecoder) { found, _ = decodeChain(fam, ad) }); err != nil {
 		return nil, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
 	}
 	return found, nil

@@ -166,7 +166,7 @@ func TestInterruptedDumpsAreTakenAgain(t *testing.T) {
 	for i := range listings {
 		listing <- struct{}{}
 		n := 0
-		err := eachChainOn(c, nftables.TableFamilyIPv4, func(ch *nftables.Chain) {
+		err := eachChainOn(c, nftables.TableFamilyIPv4, func(ch *nftables.Chain, _ uint32) {
 			if ch.Table.Name == ours.Name {
 				n++
 			}
@@ -296,5 +296,48 @@ func TestRuleCountsOf(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("%d chains counted, want %d; chain c1: %d, c2: %d, c3: %d, c%d: %d", len(got), len(want), got["c1"], got["c2"], got["c3"], chains-1, got[fmt.Sprintf("c%d", chains-1)])
+	}
+}
+
+// TestEachChainUse: a chain's use count is its rules plus the jumps and
+// gotos that name it, whichever chain they are in, and a base chain's is
+// its rules only.
+func TestEachChainUse(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "chainuse")
+	table := &nftables.Table{Name: "used", Family: nftables.TableFamilyIPv4}
+	txn := NewTxn(ns.NS())
+	c := txn.Conn()
+	c.AddTable(table)
+	a := c.AddChain(&nftables.Chain{Name: "a", Table: table})
+	c.AddChain(&nftables.Chain{Name: "e", Table: table})
+	b := c.AddChain(&nftables.Chain{Name: "b", Table: table})
+	base := c.AddChain(&nftables.Chain{Name: "base", Table: table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+	verdict := func(from *nftables.Chain, kind expr.VerdictKind, to string) {
+		c.AddRule(&nftables.Rule{Table: table, Chain: from, Exprs: []expr.Any{&expr.Verdict{Kind: kind, Chain: to}}})
+	}
+	for range 3 {
+		c.AddRule(&nftables.Rule{Table: table, Chain: a, Exprs: []expr.Any{&expr.Counter{}}})
+	}
+	verdict(b, expr.VerdictJump, "a")
+	verdict(b, expr.VerdictJump, "a")
+	verdict(b, expr.VerdictGoto, "e")
+	verdict(base, expr.VerdictJump, "b")
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := map[string]uint32{}
+	if err := r.EachChainUse(func(ch *nftables.Chain, use uint32) { got[ch.Name] = use }); err != nil {
+		t.Fatal(err)
+	}
+	// a: 3 rules, 2 jumps; e: 1 goto; b: 3 rules, 1 jump; base: 1 rule.
+	if want := map[string]uint32{"a": 5, "e": 1, "b": 4, "base": 1}; !maps.Equal(got, want) {
+		t.Errorf("use counts %v, want %v", got, want)
 	}
 }
