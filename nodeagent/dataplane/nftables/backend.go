@@ -439,12 +439,12 @@ func (b *Backend) list(ctx context.Context, f *family) (*kernelTable, error) {
 // every rule plus every element of the maps and sets a sync writes (not
 // the affinity sets, which the packet path fills).
 func (b *Backend) Programmed(ctx context.Context) (dataplane.Counts, error) {
-	return dataplane.SumFamilies(ctx, families, b.programmed)
+	return dataplane.SumFamilies(ctx, families, func(f *family) (dataplane.Counts, error) { return b.programmed(ctx, f) })
 }
 
 // programmed reads back what the kernel holds in family f's table; a
 // table of our name that is not ours is a *nft.ForeignTableError.
-func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
+func (b *Backend) programmed(ctx context.Context, f *family) (dataplane.Counts, error) {
 	var total dataplane.Counts
 	conn, t, err := nft.OpenTable(b.netns, f, TableName)
 	if err != nil {
@@ -457,6 +457,11 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 	if err != nil {
 		return total, fmt.Errorf("nftables: list %s sets: %w", f.Name, err)
 	}
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	if err != nil {
+		return total, err
+	}
+	defer r.Close()
 	services := map[string]bool{}
 	// endpoints holds, per service port (its id), the distinct
 	// endpoints of its elements in the service-endpoints maps.
@@ -465,14 +470,10 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 		if s.Anonymous || s.HasTimeout {
 			continue
 		}
-		elems, err := conn.GetSetElements(s)
-		if err != nil {
-			return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
-		}
 		isEndpoints := strings.HasPrefix(s.Name, prefixEndpointMap) && kernelDataMap(s)
-		for _, e := range elems {
+		err := r.EachElement(s.Name, func(e nftables.SetElement) {
 			if e.IntervalEnd {
-				continue
+				return
 			}
 			total.Rules++
 			if sharedMaps[s.Name] && e.Comment != "" {
@@ -487,6 +488,9 @@ func (b *Backend) programmed(f *family) (dataplane.Counts, error) {
 				}
 				endpoints[port][string(e.Val)] = true
 			}
+		})
+		if err != nil {
+			return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
 		}
 	}
 	for _, eps := range endpoints {
