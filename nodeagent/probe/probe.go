@@ -62,44 +62,56 @@ func Targets(snap *model.Snapshot, nodeIPs []netip.Addr, max, maxNodePorts int) 
 	if len(fams) == 0 {
 		fams[corev1.IPv4Protocol] = netip.Addr{}
 	}
-	var cluster, nodePorts []Target
+	// The candidates are kept as what a Target is made of: the text of
+	// the endpoints, the costly part at 10 000 ports (fmt.Sprint of each
+	// port's endpoints), is written for the picked ones only.
+	var cluster, nodePorts []candidate
 	for _, fam := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
 		nodeIP, ok := fams[fam]
 		if !ok {
 			continue
 		}
-		ports := snap.Ports[fam]
-		names := make([]model.ServicePortName, 0, len(ports))
-		for n := range ports {
-			names = append(names, n)
+		ports := make([]candidate, 0, len(snap.Ports[fam]))
+		for n, sp := range snap.Ports[fam] {
+			ports = append(ports, candidate{name: n.String(), sp: sp})
 		}
-		slices.SortFunc(names, func(a, b model.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
-		for _, n := range names {
-			sp := ports[n]
+		slices.SortFunc(ports, func(a, b candidate) int { return strings.Compare(a.name, b.name) })
+		for _, c := range ports {
+			sp := c.sp
 			if sp.Protocol != corev1.ProtocolTCP || len(sp.ClusterEndpoints()) == 0 {
 				continue
 			}
-			eps := fmt.Sprint(sp.Endpoints)
 			if sp.ClusterIP.IsValid() && len(sp.InternalEndpoints()) > 0 {
-				cluster = append(cluster, Target{Name: n.String() + " cluster IP", Addr: netip.AddrPortFrom(sp.ClusterIP, uint16(sp.Port)), Endpoints: eps})
+				cluster = append(cluster, candidate{name: c.name + " cluster IP", sp: sp, addr: netip.AddrPortFrom(sp.ClusterIP, uint16(sp.Port))})
 			}
 			if sp.NodePort != 0 && nodeIP.IsValid() {
-				nodePorts = append(nodePorts, Target{Name: n.String() + " NodePort", Addr: netip.AddrPortFrom(nodeIP, uint16(sp.NodePort)), Endpoints: eps})
+				nodePorts = append(nodePorts, candidate{name: c.name + " NodePort", sp: sp, addr: netip.AddrPortFrom(nodeIP, uint16(sp.NodePort))})
 			}
 		}
 	}
-	return append(spread(cluster, max), spread(nodePorts, maxNodePorts)...)
+	var out []Target
+	for _, c := range append(spread(cluster, max), spread(nodePorts, maxNodePorts)...) {
+		out = append(out, Target{Name: c.name, Addr: c.addr, Endpoints: fmt.Sprint(c.sp.Endpoints)})
+	}
+	return out
+}
+
+// candidate is a target Targets may pick: its name, address and port.
+type candidate struct {
+	name string
+	sp   *model.ServicePort
+	addr netip.AddrPort
 }
 
 // spread picks up to n of ts, evenly spaced.
-func spread(ts []Target, n int) []Target {
+func spread[T any](ts []T, n int) []T {
 	if n <= 0 {
 		return nil
 	}
 	if len(ts) <= n {
 		return ts
 	}
-	out := make([]Target, 0, n)
+	out := make([]T, 0, n)
 	for i := range n {
 		out = append(out, ts[i*len(ts)/n])
 	}

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -81,5 +82,18 @@ func TestProbe(t *testing.T) {
 	}
 	if Failures(res) == "" {
 		t.Error("Failures is empty")
+	}
+}
+
+// BenchmarkTargets10k measures Targets over 10 000 service ports of 10
+// endpoints each, the sample a switch takes before it programs the new
+// mode and again in its Verifying phase.
+func BenchmarkTargets10k(b *testing.B) {
+	snap := dt.BenchModel(10000)
+	node := []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	for b.Loop() {
+		if got := Targets(snap, node, 8, 2); len(got) != 8 {
+			b.Fatalf("%d targets, want 8", len(got))
+		}
 	}
 }

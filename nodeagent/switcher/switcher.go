@@ -638,13 +638,32 @@ func (s *Switcher) program(ctx context.Context, step Step) error {
 
 // verify checks the target's objects against its last sync and probes
 // the services that answered through the old mode (all sampled ones
-// when there was none).
+// when there was none). The two only read, and neither needs the other:
+// they run at once (each takes a few hundred milliseconds at 10 000
+// services, and Verifying is part of every switch), and a read-back that
+// fails stops the probes. The read-back's error comes first.
 func (s *Switcher) verify(ctx context.Context, step Step) error {
-	if err := s.cfg.Fanout.Check(ctx, step.Mode); err != nil {
+	start := time.Now()
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	defer stopProbes()
+	checked := make(chan error, 1)
+	var checkTook time.Duration
+	go func() {
+		err := s.cfg.Fanout.Check(ctx, step.Mode)
+		checkTook = time.Since(start)
+		if err != nil {
+			stopProbes()
+		}
+		checked <- err
+	}()
+	probed := s.probeRequired(probeCtx, step.Mode)
+	probesTook := time.Since(start)
+	if err := <-checked; err != nil {
 		return err
 	}
-	if err := s.probeRequired(ctx, step.Mode); err != nil {
-		return err
+	klog.V(2).InfoS("Read back and probed", "mode", step.Mode, "readBack", checkTook, "probes", probesTook)
+	if probed != nil {
+		return probed
 	}
 	if s.cfg.FailVerify {
 		return errors.New("verification failed on purpose: the agent runs with --test-fail-verify")
