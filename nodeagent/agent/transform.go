@@ -90,6 +90,14 @@ func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 		shareIn(p.Name)
 		p.Protocol = sharePtr(p.Protocol, protocols...)
 	}
+	// The decoder grows the endpoints as it reads them (10 endpoints
+	// take room for 16, 96 bytes each): the cache keeps a copy of the
+	// right size.
+	if cap(s.Endpoints) > len(s.Endpoints) {
+		fit := make([]discoveryv1.Endpoint, len(s.Endpoints))
+		copy(fit, s.Endpoints)
+		s.Endpoints = fit
+	}
 }
 
 // Each object decoded from the API server carries its own copy of every

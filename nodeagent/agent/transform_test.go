@@ -177,3 +177,22 @@ func TestTrimSharesWhatObjectsHoldAlike(t *testing.T) {
 		t.Error("sharing changed a value")
 	}
 }
+
+// TestTrimFitsTheEndpoints: the decoder leaves room for more endpoints
+// than a slice has; the cache keeps them in an array of their number,
+// each as it was.
+func TestTrimFitsTheEndpoints(t *testing.T) {
+	_, slice := fullObjects()
+	grown := make([]discoveryv1.Endpoint, len(slice.Endpoints), 4*len(slice.Endpoints))
+	copy(grown, slice.Endpoints)
+	slice.Endpoints = grown
+	_, _ = trimObject(slice)
+	if cap(slice.Endpoints) != len(slice.Endpoints) {
+		t.Errorf("the trimmed slice keeps room for %d endpoints, holding %d", cap(slice.Endpoints), len(slice.Endpoints))
+	}
+	for i, e := range slice.Endpoints {
+		if e.Addresses[0] != grown[i].Addresses[0] || e.Conditions.Ready != grown[i].Conditions.Ready {
+			t.Errorf("endpoint %d: %+v, was %+v", i, e, grown[i])
+		}
+	}
+}
