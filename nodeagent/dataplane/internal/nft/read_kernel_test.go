@@ -257,6 +257,21 @@ func TestAwaitCommitWaitsForTheCommitUnderWay(t *testing.T) {
 	t.Fatalf("no attempt caught the commit under way: each of the 3 was done within %s", into)
 }
 
+// commitAndRead commits txn and returns a Reader of table in ns, closed
+// when the test ends.
+func commitAndRead(t *testing.T, txn *Txn, ns *netlab.NetNS, table *nftables.Table) *Reader {
+	t.Helper()
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReader(context.Background(), ns.NS(), table.Family, table.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
 // TestRuleCountsOf counts the rules of many chains, more than one socket
 // reads (RuleCountsOf shares them out), some of them empty, and a chain
 // that does not exist.
@@ -282,14 +297,7 @@ func TestRuleCountsOf(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := txn.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := commitAndRead(t, txn, ns, table)
 	got, err := r.RuleCountsOf(table.Name, append(names, "missing"))
 	if err != nil {
 		t.Fatal(err)
@@ -324,14 +332,7 @@ func TestEachChainUse(t *testing.T) {
 	verdict(b, expr.VerdictJump, "a")
 	verdict(b, expr.VerdictGoto, "e")
 	verdict(base, expr.VerdictJump, "b")
-	if err := txn.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewReader(context.Background(), ns.NS(), nftables.TableFamilyIPv4, table.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := commitAndRead(t, txn, ns, table)
 	got := map[string]uint32{}
 	if err := r.EachChainUse(func(ch *nftables.Chain, use uint32) { got[ch.Name] = use }); err != nil {
 		t.Fatal(err)
