@@ -2,8 +2,10 @@ package probe
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +46,19 @@ func TestTargets(t *testing.T) {
 	for i := range want {
 		if addrs[i] != want[i] {
 			t.Fatalf("Targets = %v, want %v", addrs, want)
+		}
+	}
+	// Each target carries its own port's endpoints (a NodePort's too).
+	for _, tg := range got {
+		name, _, _ := strings.Cut(tg.Name, " ")
+		var sp *model.ServicePort
+		for n, p := range ports {
+			if n.String() == name {
+				sp = p
+			}
+		}
+		if sp == nil || tg.Endpoints != fmt.Sprint(sp.Endpoints) {
+			t.Errorf("target %s: endpoints %q, want its port's", tg, tg.Endpoints)
 		}
 	}
 	if n := len(Targets(snap, nil, 2, 0)); n != 2 {

@@ -323,7 +323,7 @@ func (b *Backend) programmedAsSynced(ctx context.Context) (dataplane.Counts, boo
 		want[f] = map[string]map[string]int{}
 		for _, table := range tables {
 			if rs := b.state[f]; rs != nil {
-				want[f][table] = wantUses(table, rs, wantRules(table, rs))
+				want[f][table] = wantCounts(table, rs, true)
 			}
 		}
 	}

@@ -33,92 +33,67 @@ import (
 func (b *Backend) verify(ctx context.Context, f *family, rs *ruleset) (string, error) {
 	cur, err := b.run.read(ctx, f, nil, false)
 	if err != nil {
-		return "", ctxOr(ctx, err)
+		if cerr := ctx.Err(); cerr != nil {
+			return "", cerr
+		}
+		return "", err
 	}
-	return compareTables(rs, cur), nil
-}
-
-// ctxOr is ctx's error when ctx ended, err otherwise.
-func ctxOr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return cerr
-	}
-	return err
-}
-
-// compareTables is compareTable for every table.
-func compareTables(rs *ruleset, cur savedTables) string {
 	for _, table := range tables {
 		if why := compareTable(table, rs, cur[table]); why != "" {
-			return why
+			return why, nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
-// wantRules is how many rules rs puts into each of its chains of table.
-func wantRules(table string, rs *ruleset) map[string]int {
+// wantCounts is, for each chain rs puts in table, how many rules it
+// holds, and if byUse the use count the kernel keeps for it instead: its
+// rules plus the rules rs puts in table that jump to it, the jump rules
+// in the built-in chains included.
+func wantCounts(table string, rs *ruleset, byUse bool) map[string]int {
 	want := map[string]int{}
-	for _, c := range rs.fixed {
-		if c.table == table {
-			want[c.name] += len(c.rules)
+	// jumpsTo counts the rules by target, whatever it is (a chain, ACCEPT,
+	// DNAT...); only the chains of want are looked up at the end.
+	jumpsTo := map[string]int{}
+	rule := func(chain, spec string) {
+		want[chain]++
+		if byUse {
+			jumpsTo[target(spec)]++
 		}
+	}
+	chainRules := func(c *chain) {
+		if c.table != table {
+			return
+		}
+		want[c.name] += 0 // a chain without rules is one of rs's too
+		for _, spec := range c.rules {
+			rule(c.name, spec)
+		}
+	}
+	for _, c := range rs.fixed {
+		chainRules(c)
 	}
 	for _, pr := range rs.ports {
 		for _, c := range pr.chains {
-			if c.table == table {
-				want[c.name] += len(c.rules)
-			}
+			chainRules(c)
 		}
 		for _, r := range pr.shared {
 			if r.table == table {
-				want[r.chain]++
+				rule(r.chain, r.spec)
 			}
+		}
+	}
+	if byUse {
+		for _, j := range jumps {
+			if j.table == table {
+				jumpsTo[j.target]++
+			}
+		}
+		for c := range want {
+			want[c] += jumpsTo[c]
 		}
 	}
 	return want
-}
-
-// wantUses is the use count the kernel keeps for each of rs's chains of
-// table, given how many rules each holds (wantRules): its rules plus the
-// rules rs puts in table that jump to it, the jump rules in the built-in
-// chains included.
-func wantUses(table string, rs *ruleset, rules map[string]int) map[string]int {
-	uses := maps.Clone(rules)
-	refer := func(spec string) {
-		if t := target(spec); t != "" {
-			if _, ours := uses[t]; ours {
-				uses[t]++
-			}
-		}
-	}
-	for _, c := range rs.fixed {
-		if c.table == table {
-			for _, spec := range c.rules {
-				refer(spec)
-			}
-		}
-	}
-	for _, pr := range rs.ports {
-		for _, c := range pr.chains {
-			if c.table == table {
-				for _, spec := range c.rules {
-					refer(spec)
-				}
-			}
-		}
-		for _, r := range pr.shared {
-			if r.table == table {
-				refer(r.spec)
-			}
-		}
-	}
-	for _, j := range jumps {
-		if j.table == table {
-			uses[j.target]++
-		}
-	}
-	return uses
 }
 
 // compareTable says how the saved table differs from what rs puts in it
@@ -127,12 +102,8 @@ func wantUses(table string, rs *ruleset, rules map[string]int) map[string]int {
 // see compareChains), or the jump rules into proxyshift's chains not
 // exactly as a sync writes them.
 func compareTable(table string, rs *ruleset, saved *savedTable) string {
-	want := wantRules(table, rs)
 	byUse := saved != nil && saved.uses != nil
-	if byUse {
-		want = wantUses(table, rs, want)
-	}
-	if why := compareChains(table, want, saved, byUse); why != "" || saved == nil {
+	if why := compareChains(table, wantCounts(table, rs, byUse), saved, byUse); why != "" || saved == nil {
 		return why
 	}
 	// The jump rules: what a full sync would delete or insert.
@@ -148,7 +119,7 @@ func compareTable(table string, rs *ruleset, saved *savedTable) string {
 // there is no such table) differ from want, which maps each chain a
 // ruleset puts in it to a count: its rules, or if byUse (a table read
 // over netlink) its use count, the kernel's count of its rules and of
-// the jumps to it (wantUses). By use, one dump of the chains verifies
+// the jumps to it (wantCounts). By use, one dump of the chains verifies
 // every chain's rules without reading one: a rule deleted or added
 // changes its chain's count, and a jump rule its target's too.
 func compareChains(table string, want map[string]int, saved *savedTable, byUse bool) string {

@@ -496,7 +496,7 @@ func (b *Backend) programmed(ctx context.Context, f *family) (dataplane.Counts, 
 	for _, eps := range endpoints {
 		total.Endpoints += len(eps)
 	}
-	counts, err := nft.RuleCounts(b.netns, f.Table, TableName)
+	counts, err := r.RuleCounts()
 	if err != nil {
 		return total, err
 	}
