@@ -47,7 +47,7 @@ test-e2e: ## Run the end-to-end tests (local 3-node cluster, mode switches under
 	KUBEBUILDER_ASSETS="$(ASSETS)" hack/gotest.sh -v ./test/e2e/
 
 .PHONY: fuzz
-fuzz: ## Run every Go fuzz target for FUZZTIME each (default 5s; make test does this too).
+fuzz: ## Run every Go fuzz target for a bounded number of inputs (about 5 s each; FUZZTIME overrides; make test does this too).
 	hack/fuzz.sh
 
 .PHONY: test-real
