@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -122,6 +123,7 @@ const (
 	ipsSeenReply                    = 1 << 1
 	ipsAssured                      = 1 << 2
 	ipsConfirmed                    = 1 << 3
+	ipsDstNAT                       = 1 << 5
 	ipCTTCPFlagBeLiberal      uint8 = 0x08
 	// minHandoverTimeout keeps a handed-over entry alive until the
 	// connection's next packet refreshes it.
@@ -201,34 +203,79 @@ func natEntry(fl forwardedFlow) []*nl.RtAttr {
 // in ours. A busy table interrupts dumps; after a few tries the last,
 // incomplete, dump is used (the connections it missed end at the switch,
 // as they would without a handover).
+//
+// A connection to one of those services that the mode now serving made
+// (its rules translate new connections before IPVS's hook sees them, from
+// the moment they are in place) looks the same in the dump: original
+// destination the service, reply from an endpoint. It is conntrack's
+// already and must not be held or handed over: its packets would be
+// dropped while the handover waits for IPVS to expire an entry IPVS never
+// had, 3 s, enough for a client to give up on an answer. Its entry carries
+// the status of conntrack's own destination NAT, which IPVS never sets; so
+// each candidate's status is read before it is kept.
 func (kn *kernel) forwarded(f *family, ours map[vsKey]bool) ([]forwardedFlow, error) {
-	var dump []*netlink.ConntrackFlow
+	var own []forwardedFlow
 	err := kn.netns.Do(func() error {
+		var dump []*netlink.ConntrackFlow
 		var err error
 		for range 5 {
 			dump, err = netlink.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(f.af))
 			if !errors.Is(err, netlink.ErrDumpInterrupted) {
-				return err
+				break
+			}
+		}
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return fmt.Errorf("ipvs: list conntrack entries: %w", err)
+		}
+		for _, fl := range forwardedFlows(dump, ours) {
+			status, err := entryStatus(f, fl)
+			switch {
+			case errors.Is(err, unix.ENOENT): // ended since the dump
+			case err != nil:
+				return fmt.Errorf("ipvs: read the conntrack status of %s: %w", fl, err)
+			case status&ipsDstNAT == 0:
+				own = append(own, fl)
 			}
 		}
 		return nil
 	})
+	return own, err
+}
+
+// entryStatus reads the status bits of fl's conntrack entry, from the
+// calling thread's namespace.
+func entryStatus(f *family, fl forwardedFlow) (uint32, error) {
+	msgs, err := ctnetlink(f, nl.IPCTNL_MSG_CT_GET, 0, []*nl.RtAttr{tupleAttr(nl.CTA_TUPLE_ORIG, fl.proto, fl.client, fl.service)})
 	if err != nil {
-		return nil, fmt.Errorf("ipvs: list conntrack entries: %w", err)
+		return 0, err
 	}
-	return forwardedFlows(dump, ours), nil
+	for _, m := range msgs {
+		if len(m) < nl.SizeofNfgenmsg {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[nl.SizeofNfgenmsg:])
+		if err != nil {
+			return 0, err
+		}
+		for _, a := range attrs {
+			if a.Attr.Type&nl.NLA_TYPE_MASK == nl.CTA_STATUS && len(a.Value) == 4 {
+				return binary.BigEndian.Uint32(a.Value), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no status in the kernel's answer")
 }
 
 // ctnetlink sends one ctnetlink request of family f with attrs, from the
-// calling thread's namespace, and waits for its acknowledgement.
-func ctnetlink(f *family, msg, flags int, attrs []*nl.RtAttr) error {
+// calling thread's namespace, waits for its acknowledgement and returns
+// the messages the kernel answered with.
+func ctnetlink(f *family, msg, flags int, attrs []*nl.RtAttr) ([][]byte, error) {
 	req := nl.NewNetlinkRequest((unix.NFNL_SUBSYS_CTNETLINK<<8)|msg, unix.NLM_F_ACK|flags)
 	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(f.af), Version: nl.NFNETLINK_V0})
 	for _, a := range attrs {
 		req.AddData(a)
 	}
-	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
-	return err
+	return req.Execute(unix.NETLINK_NETFILTER, 0)
 }
 
 // handoverWait bounds how long the handover waits for IPVS to expire the
@@ -255,7 +302,7 @@ func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow
 		for len(pending) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 			var wait []forwardedFlow
 			for _, fl := range pending {
-				switch err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); {
+				switch _, err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); {
 				case err == nil:
 					done++
 				case errors.Is(err, unix.EEXIST):
@@ -276,11 +323,11 @@ func (kn *kernel) handOver(ctx context.Context, f *family, flows []forwardedFlow
 		}
 		for _, fl := range pending {
 			orig := tupleAttr(nl.CTA_TUPLE_ORIG, fl.proto, fl.client, fl.service)
-			if err := ctnetlink(f, nl.IPCTNL_MSG_CT_DELETE, 0, []*nl.RtAttr{orig}); err != nil && !errors.Is(err, unix.ENOENT) {
+			if _, err := ctnetlink(f, nl.IPCTNL_MSG_CT_DELETE, 0, []*nl.RtAttr{orig}); err != nil && !errors.Is(err, unix.ENOENT) {
 				failed(fl, err)
 				continue
 			}
-			if err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); err != nil {
+			if _, err := ctnetlink(f, nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_CREATE|unix.NLM_F_EXCL, natEntry(fl)); err != nil {
 				failed(fl, err)
 				continue
 			}

@@ -10,9 +10,11 @@ import (
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/test/netlab"
+	"github.com/proxyshift/proxyshift/test/vm"
 )
 
 // TestVMCleanupHandsConnectionsOver checks that connections IPVS
@@ -69,6 +71,50 @@ func TestVMCleanupHandsConnectionsOver(t *testing.T) {
 	}
 }
 
+// TestVMCleanupLeavesTheNextModesConnectionsAlone checks that the
+// handover takes only the connections IPVS forwarded. A connection the
+// mode now serving made (its DNAT in prerouting comes before IPVS's hook)
+// looks like one of IPVS's in conntrack, to the service and answered by
+// an endpoint, but conntrack translates it already: held for the
+// handover, its packets were dropped for the 3 s the handover waited for
+// IPVS to expire an entry IPVS never had.
+func TestVMCleanupLeavesTheNextModesConnectionsAlone(t *testing.T) {
+	lab, pods := newLab(t, 2)
+	b := newLabBackend(t, lab)
+	service := vip("198.19.0.71")
+	mustSync(t, b, dataplane.SyncRequest{Model: snapshotOf(labService("web", service.Addr().String(), pods...)), Full: true})
+	natHooks(t, lab)
+
+	viaIPVS, err := lab.Client.NS.OpenSession(service, okTimeout)
+	if err != nil {
+		t.Fatalf("connect through IPVS: %v", err)
+	}
+	defer viaIPVS.Close()
+	nextModeDNAT(t, lab, service, netip.AddrPortFrom(pods[1].IP, netlab.ServerPort))
+	viaNext, err := lab.Client.NS.OpenSession(service, okTimeout)
+	if err != nil {
+		t.Fatalf("connect through the next mode's DNAT: %v", err)
+	}
+	defer viaNext.Close()
+	if viaNext.Server != pods[1].Name {
+		t.Fatalf("the connection after the next mode's DNAT was answered by %s, want %s", viaNext.Server, pods[1].Name)
+	}
+
+	removed, err := b.Cleanup(context.Background())
+	if err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	t.Logf("cleanup removed %q", removed)
+	if !strings.Contains(strings.Join(removed, "\n"), "IPVS's translation of 1 of 1 connections") {
+		t.Errorf("cleanup removed %q; want the one connection IPVS forwarded handed over, and only it", removed)
+	}
+	for name, s := range map[string]*netlab.Session{"through IPVS": viaIPVS, "through the next mode": viaNext} {
+		if err := s.Exchange("after-cleanup", okTimeout); err != nil {
+			t.Errorf("the connection %s (to %s) after cleanup: %v", name, s.Server, err)
+		}
+	}
+}
+
 // natHooks creates, in the lab node, a table with nat chains at
 // prerouting, output and postrouting, one holding a rule on conntrack
 // state that does nothing: the conntrack and NAT hooks any mode the node
@@ -97,5 +143,33 @@ func natHooks(t *testing.T, lab *netlab.Lab) {
 	}})
 	if err := c.Flush(); err != nil {
 		t.Fatalf("create the nat chains: %v", err)
+	}
+}
+
+// nextModeDNAT adds to natHooks' prerouting chain the translation of
+// service (TCP) to endpoint, as the mode a node switches to has it.
+func nextModeDNAT(t *testing.T, lab *netlab.Lab, service, endpoint netip.AddrPort) {
+	t.Helper()
+	vm.LoadModules(t, "nft_nat")
+	c, err := gnft.New(gnft.WithNetNSFd(lab.Node.NS.FD()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &gnft.Table{Family: gnft.TableFamilyIPv4, Name: "next-mode"}
+	port := func(p uint16) []byte { return binaryutil.BigEndian.PutUint16(p) }
+	// ip daddr service tcp dport port dnat to endpoint
+	c.AddRule(&gnft.Rule{Table: tb, Chain: &gnft.Chain{Name: "prerouting", Table: tb}, Exprs: []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: service.Addr().AsSlice()},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(service.Port())},
+		&expr.Immediate{Register: 1, Data: endpoint.Addr().AsSlice()},
+		&expr.Immediate{Register: 2, Data: port(endpoint.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
+	}})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("add the next mode's DNAT: %v", err)
 	}
 }
