@@ -59,6 +59,7 @@ func rollout(t *testing.T, c *Cluster, cl client.Client, name string, mode v1alp
 // Service's cluster IP and to the NodePort of the pod's own node, and one
 // long-lived connection to the cluster IP, exchanged on after each step.
 type podTraffic struct {
+	c        *Cluster
 	loops    map[string]*netlab.ClientLoop // by node
 	sessions map[string]*netlab.Session
 	closers  []func()
@@ -75,7 +76,7 @@ func startPodTraffic(t *testing.T, c *Cluster) *podTraffic {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pt := &podTraffic{loops: map[string]*netlab.ClientLoop{}, sessions: map[string]*netlab.Session{}}
+	pt := &podTraffic{c: c, loops: map[string]*netlab.ClientLoop{}, sessions: map[string]*netlab.Session{}}
 	t.Cleanup(pt.close)
 	clusterAddr := netip.AddrPortFrom(ip, WebPort)
 	for _, p := range pods.Items {
@@ -110,7 +111,8 @@ func (pt *podTraffic) check(t *testing.T, after string) {
 	for _, node := range slices.Sorted(maps.Keys(pt.loops)) {
 		ok, failed := pt.loops[node].Counts()
 		if failed > 0 {
-			t.Errorf("%s, from %s: %d new connections failed (%d answered): %v", after, node, failed, ok, pt.loops[node].Errors())
+			t.Errorf("%s, from %s: %d new connections failed (%d answered): %v\nwhat the node's proxies logged last:\n%s",
+				after, node, failed, ok, pt.loops[node].Errors(), nodeLogs(t, pt.c, node))
 		}
 		if err := pt.sessions[node].Exchange(after, 3*time.Second); err != nil {
 			t.Errorf("%s, from %s: the long-lived connection broke: %v", after, node, err)
@@ -526,6 +528,29 @@ func setAgentArg(t *testing.T, c *Cluster, arg string, add bool) {
 	if out, err := c.Kubectl(ctx, "-n", "proxyshift-system", "rollout", "status", "daemonset/proxyshift-agent", "--timeout=3m"); err != nil {
 		t.Fatalf("agent DaemonSet rollout: %v\n%s", err, out)
 	}
+}
+
+// nodeLogs is the end of what the proxyshift agent and kube-proxy on
+// node logged, with the times to read a failed connection's against.
+func nodeLogs(t *testing.T, c *Cluster, node string) string {
+	ctx := context.WithoutCancel(t.Context())
+	var b strings.Builder
+	for _, q := range []struct{ namespace, selector string }{
+		{"proxyshift-system", "app.kubernetes.io/component=agent"},
+		{"kube-system", "k8s-app=kube-proxy"},
+	} {
+		pods, err := c.Kube.CoreV1().Pods(q.namespace).List(ctx, metav1.ListOptions{LabelSelector: q.selector, FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			fmt.Fprintf(&b, "list the pods %s on %s: %v\n", q.selector, node, err)
+			continue
+		}
+		for _, p := range pods.Items {
+			args := []string{"-n", q.namespace, "logs", p.Name, "--all-containers", "--timestamps", "--tail=300"}
+			out, err := c.Kubectl(ctx, args...)
+			fmt.Fprintf(&b, "$ kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
+		}
+	}
+	return b.String()
 }
 
 // debugState is what a person would look at when a rollout does not

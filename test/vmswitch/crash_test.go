@@ -118,15 +118,20 @@ func startAgentProcess(t *testing.T, lab *netlab.Lab, pods []*netlab.Pod, mode v
 	return a
 }
 
+// logText is what the child logged so far.
+func (a *agentProcess) logText() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return strings.Join(a.log, "\n")
+}
+
 // waitStopped waits until the child did its phase's work and hangs.
 func (a *agentProcess) waitStopped(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	select {
 	case <-a.stopped:
 	case <-time.After(timeout):
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		t.Fatalf("the agent process did not reach its stop within %s; its log:\n%s", timeout, strings.Join(a.log, "\n"))
+		t.Fatalf("the agent process did not reach its stop within %s; its log:\n%s", timeout, a.logText())
 	}
 }
 
@@ -177,6 +182,9 @@ func TestVMKillInEveryPhaseIPVS(t *testing.T) {
 				next := startNode(t, lab, nodeConfig, web(podIPs(pods)), to)
 				next.waitServing(to, nil)
 				time.Sleep(300 * time.Millisecond)
+				if _, failed := loop.Counts(); failed > 0 {
+					t.Logf("the killed agent's log, to read the failed connections' times against:\n%s", hung.logText())
+				}
 				loop.RequireNoFailures(t, "across the kill and the restart")
 				if err := session.Exchange("after-restart", 2*time.Second); err != nil {
 					t.Errorf("the connection opened through %s before the switch (to %s) no longer carries data: %v", current, session.Server, err)
