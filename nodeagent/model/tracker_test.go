@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -255,6 +256,36 @@ func TestTrackerSnapshotIsolation(t *testing.T) {
 	}
 	if got := len(modelLines(second)); got != 2 {
 		t.Errorf("new snapshot has %d ports, want 2", got)
+	}
+}
+
+// TestTrackerCopiesAheadOfTheNextWrite checks that a Snapshot starts the
+// copy of the model the next write needs, so that the write finds it
+// made, and that the copy is the one the write then changes: the
+// snapshot keeps what it held, and the next one has the change.
+func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
+	tr := NewTracker(node, nil)
+	tr.OnServiceAdd(service())
+	tr.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+	first, _ := tr.Snapshot()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(tr.spare) == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if len(tr.spare) != 1 {
+		t.Fatalf("10 s after a Snapshot, no copy of the model is ready for the next write")
+	}
+	before := modelLines(first)
+	tr.OnEndpointSliceUpdate(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2")))
+	if len(tr.spare) != 0 {
+		t.Errorf("the write did not take the copy made ahead")
+	}
+	second, changes := tr.Snapshot()
+	if after := modelLines(first); !slices.Equal(before, after) {
+		t.Errorf("the snapshot before the write changed:\n%s\nwas\n%s", strings.Join(after, "\n"), strings.Join(before, "\n"))
+	}
+	if got := modelLines(second); slices.Equal(got, before) || len(changes) != 1 {
+		t.Errorf("the snapshot after the write holds\n%s\nwith changes %v; want the moved endpoint", strings.Join(got, "\n"), changeNames(changes))
 	}
 }
 
