@@ -31,8 +31,8 @@ type Result struct {
 	ChangeSync  time.Duration
 	ChangeSyncs uint64
 	// Latency holds one programming latency per endpoint change: from
-	// the EndpointSlice update being sent until a connection to the
-	// Service reaches the new endpoint.
+	// the EndpointSlice update being sent (no read before it) until a
+	// connection to the Service reaches the new endpoint.
 	Latency []time.Duration
 	// ChangeSpan is the time from the first endpoint change to the last
 	// one's answer: the changes meet every periodic resync in it.
@@ -213,8 +213,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 			case <-time.After(wait):
 			}
 		}
-		sent := time.Now()
-		ep, err := objs.MoveEndpoint(ctx, i)
+		ep, sent, err := objs.MoveEndpoint(ctx, i)
 		if err != nil {
 			return fail(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -49,6 +50,9 @@ type Objects struct {
 
 	mu    sync.Mutex
 	fresh int // fresh addresses handed out so far
+	// versions are the resource versions of the probe Services'
+	// EndpointSlices after their last move, by Service index.
+	versions map[int]string
 }
 
 // NewObjects creates the Node (with NodeIP as its InternalIP, which
@@ -62,7 +66,7 @@ func NewObjects(ctx context.Context, kube kubernetes.Interface) (*Objects, error
 	if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		return nil, fmt.Errorf("set the Node's InternalIP: %w", err)
 	}
-	return &Objects{kube: kube}, nil
+	return &Objects{kube: kube, versions: map[int]string{}}, nil
 }
 
 // Remove deletes what the benchmark created: its Services, their
@@ -182,17 +186,33 @@ func (o *Objects) nextFresh() netip.Addr {
 
 // MoveEndpoint replaces the single endpoint of probe Service i (i <
 // ProbeServices) with a fresh address, as when its pod is rescheduled,
-// and returns that address.
-func (o *Objects) MoveEndpoint(ctx context.Context, i int) (netip.Addr, error) {
+// and returns that address and when the write began: the latency of the
+// change counts from there. The slice's resource version is read before
+// (from the previous move, or the API server the first time), so that
+// the clock starts at the write, not at a read a controller would not
+// make.
+func (o *Objects) MoveEndpoint(ctx context.Context, i int) (netip.Addr, time.Time, error) {
 	ep := o.nextFresh()
 	s := slice(i, []netip.Addr{ep})
-	cur, err := o.kube.DiscoveryV1().EndpointSlices(namespace).Get(ctx, s.Name, metav1.GetOptions{})
-	if err != nil {
-		return netip.Addr{}, err
+	o.mu.Lock()
+	s.ResourceVersion = o.versions[i]
+	o.mu.Unlock()
+	if s.ResourceVersion == "" {
+		cur, err := o.kube.DiscoveryV1().EndpointSlices(namespace).Get(ctx, s.Name, metav1.GetOptions{})
+		if err != nil {
+			return netip.Addr{}, time.Time{}, err
+		}
+		s.ResourceVersion = cur.ResourceVersion
 	}
-	s.ResourceVersion = cur.ResourceVersion
-	_, err = o.kube.DiscoveryV1().EndpointSlices(namespace).Update(ctx, s, metav1.UpdateOptions{})
-	return ep, err
+	sent := time.Now()
+	out, err := o.kube.DiscoveryV1().EndpointSlices(namespace).Update(ctx, s, metav1.UpdateOptions{})
+	if err != nil {
+		return netip.Addr{}, time.Time{}, err
+	}
+	o.mu.Lock()
+	o.versions[i] = out.ResourceVersion
+	o.mu.Unlock()
+	return ep, sent, nil
 }
 
 func slice(i int, eps []netip.Addr) *discoveryv1.EndpointSlice {
