@@ -73,8 +73,9 @@ type Options struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// MetricsAddr and HealthzAddr are listen addresses; empty disables.
 	MetricsAddr, HealthzAddr string
-	// Profiling serves Go's runtime profiles (net/http/pprof) under
-	// /debug/pprof/ on MetricsAddr: where the memory and the time go.
+	// Profiling serves Go's runtime profiles (net/http/pprof) and its
+	// execution trace under /debug/pprof/ on MetricsAddr: where the
+	// memory and the time go, and what waited for what.
 	Profiling bool
 	// KubeProxyHealthzAddr is kube-proxy's healthzBindAddress
 	// (0.0.0.0:10256): while proxyshift serves the node, /healthz and
@@ -151,6 +152,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		if opts.Profiling {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
 		go serve(ctx, &http.Server{Addr: opts.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second})
 	}

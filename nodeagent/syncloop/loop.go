@@ -225,24 +225,27 @@ func (l *Loop) resync(ctx context.Context, snap *model.Snapshot, preemptible boo
 		return l.syncOnce(ctx, req), false, false
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	arrived := make(chan bool, 1)
+	// arrived carries when a change was signalled (zero: none was).
+	arrived := make(chan time.Time, 1)
 	go func() {
 		select {
 		case <-l.source.Changed():
-			l.markPending(time.Now())
+			now := time.Now()
+			l.markPending(now)
 			cancel()
-			arrived <- true
+			arrived <- now
 		case <-rctx.Done():
-			arrived <- false
+			arrived <- time.Time{}
 		}
 	}()
 	start := time.Now()
 	counts, err := l.backend.Sync(rctx, req)
 	preempted = dataplane.Preempted(rctx, req, err) && ctx.Err() == nil
 	cancel()
-	signalled = <-arrived
+	at := <-arrived
+	signalled = !at.IsZero()
 	if preempted {
-		klog.V(2).InfoS("Periodic resync preempted by a change; resyncing after it", "backend", l.backend.Mode(), "after", time.Since(start))
+		klog.V(2).InfoS("Periodic resync preempted by a change; resyncing after it", "backend", l.backend.Mode(), "after", time.Since(start), "yieldedIn", time.Since(at))
 		return Result{}, true, signalled
 	}
 	return l.record(req, start, counts, err), false, signalled
