@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -27,6 +28,13 @@ type NetNS struct {
 
 var nsCounter atomic.Int64
 
+// nsPrefix starts the name of every namespace NewNetNS creates; the pid
+// after it lets a later test process remove what a killed one left
+// (SweepStale), once, before it creates its first (sweptStale).
+const nsPrefix = "ps-"
+
+var sweptStale sync.Once
+
 // RequireRoot skips the test, naming what is missing, unless it runs as
 // root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN).
 func RequireRoot(t testing.TB) {
@@ -37,11 +45,14 @@ func RequireRoot(t testing.TB) {
 }
 
 // NewNetNS creates a named network namespace ("ps-<pid>-<n>-<role>") with
-// its loopback up, and removes it when the test ends.
+// its loopback up, and removes it when the test ends. A test process
+// killed before its cleanups ran leaves its namespaces behind: the first
+// NewNetNS of the next test process removes them.
 func NewNetNS(t testing.TB, role string) *NetNS {
 	t.Helper()
 	RequireRoot(t)
-	name := fmt.Sprintf("ps-%d-%d-%s", os.Getpid(), nsCounter.Add(1), role)
+	sweptStale.Do(func() { SweepStale(nsPrefix, t.Logf) })
+	name := OwnedName(nsPrefix, fmt.Sprintf("%d-%s", nsCounter.Add(1), role))
 	var h netns.NsHandle
 	err := onLockedThread(func() error {
 		orig, err := netns.Get()

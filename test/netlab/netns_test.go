@@ -1,7 +1,10 @@
 package netlab
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -35,5 +38,33 @@ func TestNewNetNSIsolatedAndRemoved(t *testing.T) {
 	})
 	if _, err := os.Stat("/run/netns/" + name); !os.IsNotExist(err) {
 		t.Fatalf("namespace %s still present after the test: %v", name, err)
+	}
+}
+
+// TestNewNetNSRemovesWhatAKilledTestLeft checks that the first NewNetNS
+// of a test process removes the namespaces a test process that is gone
+// left behind (killed before its cleanups ran), and no other.
+func TestNewNetNSRemovesWhatAKilledTestLeft(t *testing.T) {
+	RequireRoot(t)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := fmt.Sprintf("%s%d-1-left", nsPrefix, gone.Process.Pid)
+	live := OwnedName(nsPrefix, "0-kept")
+	for _, name := range []string{stale, live} {
+		ns, err := CreateNetNS(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ns.Delete() })
+	}
+	sweptStale = sync.Once{} // as in a new test process
+	NewNetNS(t, "first")
+	if _, err := os.Stat("/run/netns/" + stale); !os.IsNotExist(err) {
+		t.Errorf("namespace %s of a process that is gone is still there: %v", stale, err)
+	}
+	if _, err := os.Stat("/run/netns/" + live); err != nil {
+		t.Errorf("namespace %s of this live process was removed: %v", live, err)
 	}
 }
