@@ -5,15 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/test/netlab"
@@ -48,32 +47,6 @@ const (
 	linkBackends = "bench1"
 )
 
-func nsName(role string) string { return fmt.Sprintf("%s%d-%s", nsPrefix, os.Getpid(), role) }
-
-// removeStale deletes the namespaces of benchmark runs whose process is gone.
-func removeStale() error {
-	entries, err := os.ReadDir("/run/netns")
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), nsPrefix)
-		pid, _, ok2 := strings.Cut(rest, "-")
-		if !ok || !ok2 {
-			continue
-		}
-		if _, err := os.Stat("/proc/" + pid); err == nil {
-			continue // its run is alive
-		}
-		if err := netns.DeleteNamed(e.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove stale namespace %s: %w", e.Name(), err)
-		}
-	}
-	return nil
-}
-
 // Lab is the backends namespace with its echo server; a Node is created
 // per run on top of it.
 type Lab struct {
@@ -85,10 +58,8 @@ type Lab struct {
 // NewLab removes namespaces a killed run left behind, creates the
 // backends namespace with its AnyIP route and starts the echo server.
 func NewLab() (*Lab, error) {
-	if err := removeStale(); err != nil {
-		return nil, err
-	}
-	ns, err := netlab.CreateNetNS(nsName("backends"))
+	netlab.SweepStale(nsPrefix, log.Printf)
+	ns, err := netlab.CreateNetNS(netlab.OwnedName(nsPrefix, "backends"))
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +138,7 @@ type Node struct {
 // root namespace's loopback) from its loopback and from APIAdvertiseIP at
 // apiServer's port.
 func (l *Lab) NewNode(apiServer string) (*Node, error) {
-	ns, err := netlab.CreateNetNS(nsName("node"))
+	ns, err := netlab.CreateNetNS(netlab.OwnedName(nsPrefix, "node"))
 	if err != nil {
 		return nil, err
 	}

@@ -82,7 +82,7 @@ func TestLabAnswersAsEveryEndpoint(t *testing.T) {
 				t.Errorf("namespace %s left behind", n)
 			}
 		}
-		if strings.HasPrefix(e.Name(), nsName("")) {
+		if strings.HasPrefix(e.Name(), netlab.OwnedName(nsPrefix, "")) {
 			t.Errorf("namespace %s of this process left behind", e.Name())
 		}
 	}
