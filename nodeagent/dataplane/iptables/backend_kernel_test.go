@@ -589,11 +589,11 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 // TestKernelUseCountsSeeWhatRuleCountsDoNot (nft variant): the
 // verification and Programmed read only the chains, with the kernel's use
 // counts (rules plus jumps to each chain). They find the kernel as synced;
-// they see a service chain's jump to one endpoint's chain turned into a
-// jump to another's, which leaves every chain's number of rules as it was
-// (counting rules, as the verification did before, sees nothing); and
-// when the chains differ from the state, Programmed counts what the
-// kernel holds rule by rule.
+// they see the dispatch rule of web's cluster IP turned into a jump to
+// another port's service chain, which leaves every chain's number of
+// rules as it was (counting rules, as the verification did before, sees
+// nothing); and when the chains differ from the state, Programmed counts
+// what the kernel holds rule by rule, endpoints by the DNAT rules.
 func TestKernelUseCountsSeeWhatRuleCountsDoNot(t *testing.T) {
 	ns := kernelNS(t, NFT)
 	b := newKernelBackend(t, ns, NFT)
@@ -609,20 +609,22 @@ func TestKernelUseCountsSeeWhatRuleCountsDoNot(t *testing.T) {
 		t.Fatalf("verify after a sync: %q, %v", why, err)
 	}
 
-	// web's service chain: a rule of it that jumps to an endpoint chain
-	// is made to jump to another endpoint's chain.
-	svc := namesFor(model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}).service
+	// The dispatch rule of web's cluster IP is made to jump to np's
+	// service chain.
+	web := namesFor(model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}).service
+	other := namesFor(model.ServicePortName{Namespace: "default", Name: "np", Port: "http", Protocol: corev1.ProtocolTCP}).service
+	svc := chainServices
 	rules := strings.Split(strings.TrimSpace(ipt(t, ns, NFT, false, "", "", "-t", "nat", "-S", svc)), "\n")[1:] // after -N
 	var jumpsAt []int
 	for i, r := range rules {
-		if isEndpointChain(target(r)) {
+		if target(r) == web {
 			jumpsAt = append(jumpsAt, i)
 		}
 	}
-	if len(jumpsAt) < 2 {
-		t.Fatalf("web's service chain has %d jumps to endpoint chains, want 2 or more:\n%s", len(jumpsAt), strings.Join(rules, "\n"))
+	if len(jumpsAt) != 1 {
+		t.Fatalf("%s has %d jumps to web's service chain, want 1:\n%s", svc, len(jumpsAt), strings.Join(rules, "\n"))
 	}
-	first, other := rules[jumpsAt[0]], target(rules[jumpsAt[1]])
+	first := rules[jumpsAt[0]]
 	redirect := strings.Replace(first, "-A "+svc+" ", fmt.Sprintf("-R %s %d ", svc, jumpsAt[0]+1), 1)
 	redirect = strings.Replace(redirect, "-j "+target(first), "-j "+other, 1)
 	before, err := nftTables(ctx, ns.NS(), ipv4, true)
@@ -645,10 +647,11 @@ func TestKernelUseCountsSeeWhatRuleCountsDoNot(t *testing.T) {
 		t.Errorf("programmedAsSynced after the jump was redirected: ok %v, %v; want not ok", ok, err)
 	}
 
-	// An endpoint chain loses a rule: Programmed counts the rules.
-	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-D", other, "1")
+	// web's service chain loses the DNAT rule of an endpoint:
+	// Programmed counts the rules, and the endpoints by their DNAT rules.
+	ipt(t, ns, NFT, false, "", "", "-t", "nat", "-D", web, "2")
 	got, err := b.Programmed(ctx)
-	if want := synced.Minus(dataplane.Counts{Rules: 1}); err != nil || got != want {
-		t.Errorf("Programmed after a rule was deleted: %+v, %v; want %+v", got, err, want)
+	if want := synced.Minus(dataplane.Counts{Rules: 1, Endpoints: 1}); err != nil || got != want {
+		t.Errorf("Programmed after a DNAT rule was deleted: %+v, %v; want %+v", got, err, want)
 	}
 }

@@ -36,6 +36,10 @@ const (
 	chainNodePortsCheck = "PROXYSHIFT-NODEPORTS-CHECK"
 )
 
+// targetDNAT is the target of the rules that send a connection to an
+// endpoint; Programmed counts endpoints by it.
+const targetDNAT = "DNAT"
+
 // The tables proxyshift has chains in.
 const (
 	tableNAT    = "nat"
@@ -58,7 +62,7 @@ const (
 //	PROXYSHIFT-<port 10>-SVL  chooses among the local endpoints
 //	PROXYSHIFT-<port 10>-EXT  external traffic policy
 //	PROXYSHIFT-<port 10>-FW   loadBalancerSourceRanges (filter table)
-//	PROXYSHIFT-<port 8>-<endpoint 8>  one endpoint: DNAT
+//	PROXYSHIFT-<port 8>-<endpoint 8>  one endpoint under ClientIP affinity
 const (
 	portHashLen     = 10
 	portKeyLen      = 8
@@ -94,8 +98,8 @@ func namesFor(n model.ServicePortName) portNames {
 	}
 }
 
-// endpointChain names the chain of one endpoint of the port n. It is also
-// the name of the endpoint's ClientIP affinity list.
+// endpointChain names the chain of one endpoint of the port n under
+// ClientIP affinity. It is also the name of the endpoint's affinity list.
 func endpointChain(n portNames, ep model.Endpoint) string {
 	return n.key + "-" + hashed(n.id + " -> " + ep.String())[:endpointHashLen]
 }
@@ -110,8 +114,8 @@ var hashed = func(s string) string {
 }
 
 // NameCollisionError says two service ports, or two endpoints of one
-// port, got the same chain names: their hashes collide, in the 8
-// characters of a port prefix or of an endpoint chain. Programming both
+// port with ClientIP affinity, got the same chain names: their hashes
+// collide, in the 8 characters of a port prefix or of an endpoint chain. Programming both
 // would merge their rules, so the sync fails instead, naming both.
 type NameCollisionError struct {
 	// Chain is the name (or port prefix) both would use.

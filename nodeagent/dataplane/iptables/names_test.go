@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -46,9 +47,17 @@ func TestPortNameCollision(t *testing.T) {
 	requireCollision(t, rs.collisions(), "default/db:sql/TCP", "default/np:http/TCP")
 }
 
+// TestEndpointNameCollision: endpoints have chains (and recent lists) of
+// their own only under ClientIP affinity, so only there can two of them
+// collide.
 func TestEndpointNameCollision(t *testing.T) {
 	weakHash(t, func(s string) bool { return strings.Contains(s, " -> ") })
-	rs := render(policyFor(node, corev1.IPv4Protocol), testPorts())
+	ports := testPorts()
+	if err := render(policyFor(node, corev1.IPv4Protocol), ports).collisions(); err != nil {
+		t.Fatalf("without affinity: %v, want no collision (no endpoint has a chain)", err)
+	}
+	ports[nameOf("default", "np", "http")].AffinityTimeout = 3 * time.Hour
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
 	requireCollision(t, rs.collisions(), "default/np:http/TCP -> 10.244.1.5:8080", "default/np:http/TCP -> 10.244.2.5:8080")
 }
 

@@ -36,7 +36,8 @@ import (
 
 // read returns the nat and filter tables of family f as far as a caller
 // needs them: every chain, the rules' text of the built-in chains and of
-// the chains text names, and, if counts, how many rules each chain has.
+// the chains text names, and, if counts, how many rules each chain has
+// and how many of them DNAT.
 // (Counting the rules is a dump per chain: syncs do not ask.)
 func (r runner) read(ctx context.Context, f *family, text map[string]bool, counts bool) (savedTables, error) {
 	if r.variant == Legacy {
@@ -103,7 +104,7 @@ func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (sa
 		}
 		t := cur[table]
 		if t == nil {
-			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}, uses: map[string]int{}}
+			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}, dnats: map[string]int{}, uses: map[string]int{}}
 			cur[table] = t
 		}
 		t.chains = append(t.chains, c.Name)
@@ -115,11 +116,12 @@ func nftTables(ctx context.Context, netns nsexec.NS, f *family, counts bool) (sa
 		return cur, err
 	}
 	for table, t := range cur {
-		n, err := r.RuleCountsOf(table, t.chains)
+		n, dnats, err := r.RuleCountsOf(table, t.chains, targetDNAT)
 		if err != nil {
 			return nil, err
 		}
 		maps.Copy(t.counts, n)
+		maps.Copy(t.dnats, dnats)
 	}
 	return cur, nil
 }

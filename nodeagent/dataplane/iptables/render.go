@@ -35,10 +35,12 @@ type portRules struct {
 	// chains are sorted by table, then name.
 	chains []*chain
 	shared []sharedRule
-	// endpoints is the number of endpoint chains.
+	// endpoints is the number of DNAT rules: one for each endpoint each
+	// of the port's chains chooses among (an endpoint's affinity chain
+	// serves both of them).
 	endpoints int
-	// clash, if not nil, says two endpoints of the port got one chain
-	// name: the port cannot be synced.
+	// clash, if not nil, says two endpoints of a port with ClientIP
+	// affinity got one chain name: the port cannot be synced.
 	clash *NameCollisionError
 }
 
@@ -276,33 +278,46 @@ func renderPort(np *dataplane.NodePolicy, sp *model.ServicePort) *portRules {
 	}
 
 	if pol.Cluster != nil {
-		pr.chains = append(pr.chains, policyChain(sp, &pol, n, n.service, pol.Cluster, pol.Internal == dataplane.TargetCluster))
+		pr.addPolicyChain(sp, &pol, n, n.service, pol.Cluster, pol.Internal == dataplane.TargetCluster)
 	}
 	if pol.Local != nil {
-		pr.chains = append(pr.chains, policyChain(sp, &pol, n, n.local, pol.Local, pol.Internal == dataplane.TargetLocal))
+		pr.addPolicyChain(sp, &pol, n, n.local, pol.Local, pol.Internal == dataplane.TargetLocal)
 	}
-	seen := map[string]model.Endpoint{}
+	seen := map[netip.Addr]bool{}
+	affinityChains := map[string]model.Endpoint{}
 	for _, ep := range pol.Endpoints() {
+		// Hairpin: an endpoint reaching its own service must see the
+		// reply come from the node, not from itself. Only this node's
+		// endpoints can hairpin through its rules (a pod elsewhere
+		// reaches its service through its own node's), so only they get
+		// a rule: at POSTROUTING, before the masquerade bit is tested, a
+		// DNATed connection from the endpoint to itself is marked.
+		if ep.IsLocal && !seen[ep.IP] {
+			seen[ep.IP] = true
+			share(tableNAT, chainPostrouting, fmt.Sprintf(`-s %s -d %s -m conntrack --ctstate DNAT -m comment --comment "%s hairpin" -j %s`,
+				host(ep.IP), host(ep.IP), n.id, chainMarkMasq))
+		}
+		if sp.AffinityTimeout == 0 {
+			continue
+		}
+		// ClientIP affinity: a chain per endpoint, whose DNAT rule also
+		// records the client in the endpoint's recent list.
 		name := endpointChain(n, ep)
-		if o, ok := seen[name]; ok && pr.clash == nil {
+		if o, ok := affinityChains[name]; ok && pr.clash == nil {
 			pr.clash = collision(name, n.id+" -> "+o.String(), n.id+" -> "+ep.String())
 		}
-		seen[name] = ep
-		dnat := "-p " + proto
-		if sp.AffinityTimeout > 0 {
-			dnat += " -m recent --set --name " + name
-		}
-		dnat += " -j DNAT --to-destination " + netip.AddrPortFrom(ep.IP, uint16(ep.Port)).String()
-		pr.chains = append(pr.chains, &chain{table: tableNAT, name: name, rules: []string{
-			// Hairpin: an endpoint reaching its own service must see the
-			// reply come from the node, not from itself.
-			"-s " + host(ep.IP) + " -j " + chainMarkMasq,
-			dnat,
-		}})
+		affinityChains[name] = ep
+		pr.chains = append(pr.chains, &chain{table: tableNAT, name: name, rules: []string{dnatTo(proto, ep, "-m recent --set --name "+name+" ")}})
 		pr.endpoints++
 	}
 	sortChains(pr.chains)
 	return pr
+}
+
+// dnatTo is the rule that sends a connection of protocol proto to ep,
+// with the matches in front before its target.
+func dnatTo(proto string, ep model.Endpoint, matches string) string {
+	return "-p " + proto + " " + matches + "-j " + targetDNAT + " --to-destination " + netip.AddrPortFrom(ep.IP, uint16(ep.Port)).String()
 }
 
 // externalChain is where traffic to the node port, external IPs and
@@ -338,11 +353,18 @@ func externalChain(np *dataplane.NodePolicy, pol *dataplane.PortPolicy, n portNa
 	return c
 }
 
-// policyChain returns a chain choosing one of eps: the endpoint a client
+// addPolicyChain adds a chain choosing one of eps: the endpoint a client
 // reached within the affinity timeout, if any, else one at random. When
 // it is the cluster IP's target (internal), it first applies the
 // policy's masquerading of cluster-IP traffic.
-func policyChain(sp *model.ServicePort, pol *dataplane.PortPolicy, n portNames, name string, eps []model.Endpoint, internal bool) *chain {
+//
+// Without ClientIP affinity each choice DNATs in the chain itself, one
+// rule per endpoint and no chain per endpoint: at 10 000 services of 10
+// endpoints that is 10 000 chains instead of 110 000, which is what
+// iptables-nft-restore's time grows with (see the README). With
+// affinity, the choices go to the endpoints' chains, which record the
+// client.
+func (pr *portRules) addPolicyChain(sp *model.ServicePort, pol *dataplane.PortPolicy, n portNames, name string, eps []model.Endpoint, internal bool) {
 	c := &chain{table: tableNAT, name: name}
 	if internal && pol.ClusterIP.IsValid() {
 		switch pol.InternalMasquerade {
@@ -352,8 +374,10 @@ func policyChain(sp *model.ServicePort, pol *dataplane.PortPolicy, n portNames, 
 			c.rules = append(c.rules, "-d "+host(pol.ClusterIP)+" -j "+chainMarkOffCluster)
 		}
 	}
+	proto := strings.ToLower(string(sp.Protocol))
 	to := func(ep model.Endpoint) string { return `-m comment --comment "` + n.id + " -> " + ep.String() + `" ` }
-	if sp.AffinityTimeout > 0 {
+	affinity := sp.AffinityTimeout > 0
+	if affinity {
 		seconds := strconv.Itoa(int(sp.AffinityTimeout.Seconds()))
 		for _, ep := range eps {
 			sep := endpointChain(n, ep)
@@ -367,9 +391,14 @@ func policyChain(sp *model.ServicePort, pol *dataplane.PortPolicy, n portNames, 
 		if left := len(eps) - i; left > 1 {
 			stat = fmt.Sprintf("-m statistic --mode random --probability %0.10f ", 1/float64(left))
 		}
-		c.rules = append(c.rules, to(ep)+stat+"-j "+endpointChain(n, ep))
+		if affinity {
+			c.rules = append(c.rules, to(ep)+stat+"-j "+endpointChain(n, ep))
+		} else {
+			c.rules = append(c.rules, dnatTo(proto, ep, to(ep)+stat))
+			pr.endpoints++
+		}
 	}
-	return c
+	pr.chains = append(pr.chains, c)
 }
 
 // sortChains orders chains by table (nat first), then name.

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -77,30 +78,56 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 			t.Errorf("input names chain %s of another port", c)
 		}
 	}
-	oldSEP := endpointChain(namesFor(name), ports[name].Endpoints[1])
-	newSEP := endpointChain(namesFor(name), sp.Endpoints[1])
 	n := namesFor(name)
 	for _, want := range []string{
 		":" + n.service + " - [0:0]", // rewritten: it chooses the new endpoint
-		":" + newSEP + " - [0:0]",
-		":" + oldSEP + " - [0:0]", // flushed, then deleted
-		"-X " + oldSEP,
-		"-A " + newSEP + " -s 10.244.2.5/32 -j " + chainMarkMasq,
+		"-A " + n.service + ` -p tcp -m comment --comment "default/np:http/TCP -> 10.244.2.5:9090" -j DNAT --to-destination 10.244.2.5:9090`,
 	} {
 		if !strings.Contains(input, want+"\n") {
 			t.Errorf("input lacks %q", want)
 		}
 	}
 	for _, unwanted := range []string{
-		":" + n.external,                        // unchanged
-		":" + n.local,                           // not used (externalTrafficPolicy Cluster)
-		":" + endpointChain(n, sp.Endpoints[0]), // unchanged endpoint
-		"*filter",                               // nothing changed there
-		"-D ", "-I ",                            // the port's shared rules are the same
-		":" + chainServices, ":" + chainNodePorts, // fixed chains are never flushed
+		":" + n.external, // unchanged
+		":" + n.local,    // not used (externalTrafficPolicy Cluster)
+		"-X ",            // no chain of its goes
+		"*filter",        // nothing changed there
+		"-D ", "-I ",     // the port's shared rules are the same (its local endpoint's hairpin rule too)
+		":" + chainServices, ":" + chainNodePorts, ":" + chainPostrouting, // fixed chains are never flushed
 	} {
 		if strings.Contains(input, unwanted) {
 			t.Errorf("input contains %q", unwanted)
+		}
+	}
+}
+
+// TestIncrementalHairpinRules: a local endpoint's hairpin rule lives in
+// PROXYSHIFT-POSTROUTING, ahead of the masquerade bit's test; when the
+// local endpoint is replaced, its rule is deleted by its text and the new
+// one's inserted at the top. A remote endpoint has none.
+func TestIncrementalHairpinRules(t *testing.T) {
+	ports := testPorts()
+	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
+	name := nameOf("default", "np", "http")
+	hairpin := func(ip string) string {
+		return "-s " + ip + "/32 -d " + ip + `/32 -m conntrack --ctstate DNAT -m comment --comment "default/np:http/TCP hairpin" -j ` + chainMarkMasq
+	}
+	if got := rs.ports[name].shared; !slices.Contains(got, sharedRule{table: tableNAT, chain: chainPostrouting, spec: hairpin("10.244.1.5")}) ||
+		slices.ContainsFunc(got, func(r sharedRule) bool { return strings.Contains(r.spec, "10.244.2.5") }) {
+		t.Fatalf("np's shared rules %q: want the hairpin rule of its local endpoint 10.244.1.5 and none for the remote 10.244.2.5", got)
+	}
+	sp := *ports[name]
+	sp.Endpoints = slices.Clone(sp.Endpoints)
+	sp.Endpoints[0].IP = netip.MustParseAddr("10.244.1.6") // the local endpoint replaced by another
+
+	input := string(incrementalRestore([]portChange{changeOf(rs, name, &sp)}))
+	t.Logf("restore input:\n%s", input)
+	for _, want := range []string{
+		"-D " + chainPostrouting + " " + hairpin("10.244.1.5"),
+		"-I " + chainPostrouting + " 1 " + hairpin("10.244.1.6"),
+	} {
+		if !strings.Contains(input, want+"\n") {
+			t.Errorf("input lacks %q", want)
 		}
 	}
 }
@@ -135,8 +162,8 @@ func TestIncrementalSharedRules(t *testing.T) {
 		}
 		last = i
 	}
-	if got := len(perPortChains(input)); got != 4 { // the service chain and three endpoints
-		t.Errorf("input names %d per-port chains, want 4", got)
+	if got := len(perPortChains(input)); got != 1 { // the service chain: endpoints have none
+		t.Errorf("input names %d per-port chains, want 1", got)
 	}
 }
 
@@ -305,7 +332,9 @@ func TestCountsMatchSaved(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, want := countSaved(cur), rs.counts()
-	if got != want || want.Services != 3 || want.Endpoints != 2 {
-		t.Errorf("counted from the kernel's view %+v, from memory %+v; want 3 services, 2 endpoints", got, want)
+	// Endpoints counts DNAT rules: web's two cluster endpoints and its
+	// local one (cache has no local endpoint, empty none at all).
+	if got != want || want.Services != 3 || want.Endpoints != 3 {
+		t.Errorf("counted from the kernel's view %+v, from memory %+v; want 3 services, 3 endpoints", got, want)
 	}
 }

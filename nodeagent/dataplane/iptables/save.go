@@ -19,6 +19,9 @@ type savedTable struct {
 	// counts are how many rules each chain has: in a table read over
 	// netlink, only if the reader asked (see read).
 	counts map[string]int
+	// dnats are how many of each chain's rules DNAT (-j DNAT): each one
+	// endpoint a chain chooses (Programmed's Endpoints). Like counts.
+	dnats map[string]int
 	// uses, in a table read over netlink (nft variant), are each chain's
 	// use count: its rules plus the jumps to it (nft.Reader.EachChainUse).
 	uses map[string]int
@@ -38,7 +41,7 @@ func parseSave(out []byte) (savedTables, error) {
 		switch {
 		case line == "" || line[0] == '#':
 		case line[0] == '*':
-			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}}
+			t = &savedTable{builtin: map[string]bool{}, rules: map[string][]string{}, counts: map[string]int{}, dnats: map[string]int{}}
 			tables[line[1:]] = t
 		case t == nil:
 			return nil, fmt.Errorf("iptables-save line %d: %q outside a table", n, line)
@@ -54,6 +57,9 @@ func parseSave(out []byte) (savedTables, error) {
 			name, spec, _ := strings.Cut(line[3:], " ")
 			t.rules[name] = append(t.rules[name], spec)
 			t.counts[name]++
+			if target(spec) == targetDNAT {
+				t.dnats[name]++
+			}
 		default:
 			return nil, fmt.Errorf("iptables-save line %d: unexpected %q", n, line)
 		}

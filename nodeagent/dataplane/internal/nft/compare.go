@@ -146,7 +146,9 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 }
 
 // RuleCountsOf returns the number of rules of each of chains (of table)
-// that has any, from one dump per chain. The kernel finds a named chain through
+// that has any, and of those the number whose xtables target (the
+// `target` expression iptables-nft writes for `-j DNAT` and the like) is
+// named target, from one dump per chain. The kernel finds a named chain through
 // its hash table, so each dump walks that chain's rules only; RuleCounts'
 // dump of the whole table instead walks the table again from its first
 // rule for every buffer it fills, which grows with the square of the
@@ -156,8 +158,8 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 // A dump per chain is a round trip per chain, most of it waiting: the
 // chains are shared among ruleCountSockets sockets, each read by a
 // goroutine of its own.
-func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, error) {
-	counts := make([]int, len(chains))
+func (r *Reader) RuleCountsOf(table string, chains []string, target string) (rules, targeted map[string]int, err error) {
+	counts := make([]ruleCount, len(chains))
 	workers := min(ruleCountSockets, (len(chains)+ruleCountMinChains-1)/ruleCountMinChains)
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
@@ -178,7 +180,7 @@ func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, er
 		}
 		wg.Go(func() {
 			for i := w; i < len(chains); i += workers {
-				if errs[w] = ruleCountOn(c, r.fam, table, chains[i], &counts[i]); errs[w] != nil {
+				if errs[w] = ruleCountOn(c, r.fam, table, chains[i], target, &counts[i]); errs[w] != nil {
 					return
 				}
 			}
@@ -186,16 +188,22 @@ func (r *Reader) RuleCountsOf(table string, chains []string) (map[string]int, er
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, r.failed(err)
+		return nil, nil, r.failed(err)
 	}
-	out := map[string]int{}
+	rules, targeted = map[string]int{}, map[string]int{}
 	for i, n := range counts {
-		if n > 0 {
-			out[chains[i]] = n
+		if n.rules > 0 {
+			rules[chains[i]] = n.rules
+		}
+		if n.targeted > 0 {
+			targeted[chains[i]] = n.targeted
 		}
 	}
-	return out, nil
+	return rules, targeted, nil
 }
+
+// ruleCount is what ruleCountOn counts in a chain.
+type ruleCount struct{ rules, targeted int }
 
 // ruleCountSockets is how many sockets RuleCountsOf reads on at once, and
 // ruleCountMinChains the fewest chains worth a socket of its own. On the
@@ -208,17 +216,61 @@ const (
 	ruleCountMinChains = 256
 )
 
-// ruleCountOn sets *n to the number of rules of chain (of table), from
-// one dump on socket c.
-func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain string, n *int) error {
+// ruleCountOn counts into n the rules of chain (of table), and those
+// whose xtables target is named target, from one dump on socket c.
+func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain, target string, n *ruleCount) error {
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_RULE_TABLE, table)
 	ae.String(unix.NFTA_RULE_CHAIN, chain)
 	// Every message of the dump is one rule.
-	if err := dumpObjectOn(c, fam, unix.NFT_MSG_GETRULE, ae, func(*netlink.AttributeDecoder) { *n++ }); err != nil {
+	err := dumpObjectOn(c, fam, unix.NFT_MSG_GETRULE, ae, func(ad *netlink.AttributeDecoder) {
+		n.rules++
+		if hasTarget(ad, target) {
+			n.targeted++
+		}
+	})
+	if err != nil {
 		return fmt.Errorf("nft: list the rules of %s chain %s: %w", table, chain, err)
 	}
 	return nil
+}
+
+// hasTarget says whether the rule whose attributes ad reads has an
+// xtables target expression (expression "target") named name.
+func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
+	found := false
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_RULE_EXPRESSIONS {
+			continue
+		}
+		ad.Nested(func(list *netlink.AttributeDecoder) error {
+			for list.Next() {
+				list.Nested(func(expr *netlink.AttributeDecoder) error {
+					isTarget := false
+					for expr.Next() {
+						switch expr.Type() {
+						case unix.NFTA_EXPR_NAME:
+							isTarget = expr.String() == "target"
+						case unix.NFTA_EXPR_DATA:
+							if isTarget {
+								expr.Nested(func(data *netlink.AttributeDecoder) error {
+									for data.Next() {
+										if data.Type() == unix.NFTA_TARGET_NAME && data.String() == name {
+											found = true
+										}
+									}
+									return nil
+								})
+							}
+						}
+					}
+					return nil
+				})
+			}
+			return nil
+		})
+	}
+	return found
 }
 
 // ElementTexts lists the elements of set, each as ElementText gives it,

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -279,7 +281,8 @@ func commitAndRead(t *testing.T, txn *Txn, ns *netlab.NetNS, table *nftables.Tab
 
 // TestRuleCountsOf counts the rules of many chains, more than one socket
 // reads (RuleCountsOf shares them out), some of them empty, and a chain
-// that does not exist.
+// that does not exist, and among them the rules with an xtables MARK
+// target (iptables-nft's `-j MARK`).
 func TestRuleCountsOf(t *testing.T) {
 	netlab.RequireRoot(t)
 	ns := netlab.NewNetNS(t, "rulecounts")
@@ -288,12 +291,20 @@ func TestRuleCountsOf(t *testing.T) {
 	txn := NewTxn(ns.NS())
 	txn.Conn().AddTable(table)
 	var names []string
-	want := map[string]int{}
+	want, wantMarks := map[string]int{}, map[string]int{}
+	// xt_mark_tginfo2: the mark, then the mask (host order).
+	markInfo := xt.Unknown(binaryutil.NativeEndian.PutUint32(0x4000))
+	markInfo = append(markInfo, binaryutil.NativeEndian.PutUint32(0x4000)...)
 	for i := range chains {
 		c := txn.Conn().AddChain(&nftables.Chain{Name: fmt.Sprintf("c%d", i), Table: table})
 		names = append(names, c.Name)
-		for range i % 4 {
-			txn.Conn().AddRule(&nftables.Rule{Table: table, Chain: c, Exprs: []expr.Any{&expr.Counter{}}})
+		for j := range i % 4 {
+			exprs := []expr.Any{&expr.Counter{}}
+			if j == 1 {
+				exprs = append(exprs, &expr.Target{Name: "MARK", Rev: 2, Info: &markInfo})
+				wantMarks[c.Name]++
+			}
+			txn.Conn().AddRule(&nftables.Rule{Table: table, Chain: c, Exprs: exprs})
 		}
 		if i%4 > 0 {
 			want[c.Name] = i % 4
@@ -303,12 +314,15 @@ func TestRuleCountsOf(t *testing.T) {
 		}
 	}
 	r := commitAndRead(t, txn, ns, table)
-	got, err := r.RuleCountsOf(table.Name, append(names, "missing"))
+	got, marks, err := r.RuleCountsOf(table.Name, append(names, "missing"), "MARK")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("%d chains counted, want %d; chain c1: %d, c2: %d, c3: %d, c%d: %d", len(got), len(want), got["c1"], got["c2"], got["c3"], chains-1, got[fmt.Sprintf("c%d", chains-1)])
+	}
+	if !maps.Equal(marks, wantMarks) || len(marks) == 0 {
+		t.Errorf("rules with a MARK target in %d chains, want %d; chain c2: %d, c3: %d", len(marks), len(wantMarks), marks["c2"], marks["c3"])
 	}
 }
 
