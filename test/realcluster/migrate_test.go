@@ -18,6 +18,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/switcher"
 	"github.com/proxyshift/proxyshift/test/e2e"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -141,15 +142,26 @@ func (pt *podTraffic) close() {
 // it (status.activeMode) or be past verifying the mode it is taken over
 // into (WaitingForKubeProxy, CleaningUp). ProxyNodes are read before and after the pods, and
 // a node counts as not served by proxyshift only if both reads say so.
+//
+// A takeover past verifying stays one while the node's agent restarts
+// (the test deletes agent pods in the middle of takeovers): the rules
+// it verified stay in the kernel and serve, and the new agent reports
+// the switch from Preparing again, with kube-proxy as the active mode
+// until it has verified them anew. So a node once taken over into the
+// desired mode counts as served by it until its ProxyNode leaves that
+// switch (Active, Failed, Idle, or another desired mode).
 type placementWatch struct {
 	mu         sync.Mutex
 	samples    int
 	violations []string
+	// takenOver is the mode each node was seen taken over into, in the
+	// switch still under way.
+	takenOver  map[string]v1alpha1.ProxyMode
 	stop, done chan struct{}
 }
 
 func watchPlacement(t *testing.T, c *Cluster, cl client.Client) *placementWatch {
-	w := &placementWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	w := &placementWatch{takenOver: map[string]v1alpha1.ProxyMode{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		for {
@@ -172,14 +184,25 @@ func (w *placementWatch) sample(ctx context.Context, c *Cluster, cl client.Clien
 			return nil
 		}
 		out := map[string]string{}
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, pn := range l.Items {
 			st := pn.Status
+			desired := pn.Spec.DesiredMode
 			// Taking a node over, from WaitingForKubeProxy on the new
 			// mode is programmed, verified and serves; kube-proxy is
 			// reported active until its objects are gone.
-			takenOver := st.Phase == v1alpha1.NodeWaitingForKubeProxy || st.Phase == v1alpha1.NodeCleaningUp
-			if contract.ValidMode(st.ActiveMode) || takenOver && contract.ValidMode(pn.Spec.DesiredMode) {
+			takenOver := (st.Phase == v1alpha1.NodeWaitingForKubeProxy || st.Phase == v1alpha1.NodeCleaningUp) && contract.ValidMode(desired)
+			switch {
+			case takenOver:
+				w.takenOver[pn.Name] = desired
+			case !switcher.Switching(st.Phase) || w.takenOver[pn.Name] != desired:
+				delete(w.takenOver, pn.Name)
+			}
+			if contract.ValidMode(st.ActiveMode) || takenOver {
 				out[pn.Name] = e2e.NodeText(pn)
+			} else if w.takenOver[pn.Name] != "" {
+				out[pn.Name] = e2e.NodeText(pn) + " (resuming its takeover)"
 			}
 			if st.Phase == v1alpha1.NodeActive && contract.ValidMode(st.ActiveMode) && pn.Spec.DesiredMode != v1alpha1.ModeKubeProxy {
 				out[pn.Name] += " (taken over)"
