@@ -314,8 +314,9 @@ func renderPort(np *dataplane.NodePolicy, sp *model.ServicePort) *portRules {
 	return pr
 }
 
-// dnatTo is the rule that sends a connection of protocol proto to ep,
-// with the matches in front before its target.
+// dnatTo is the rule that sends a connection of protocol proto to ep;
+// matches (empty, or ending in a space) come between the protocol and the
+// target.
 func dnatTo(proto string, ep model.Endpoint, matches string) string {
 	return "-p " + proto + " " + matches + "-j " + targetDNAT + " --to-destination " + netip.AddrPortFrom(ep.IP, uint16(ep.Port)).String()
 }

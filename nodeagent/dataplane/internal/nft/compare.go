@@ -236,7 +236,7 @@ func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain, target
 }
 
 // hasTarget says whether the rule whose attributes ad reads has an
-// xtables target expression (expression "target") named name.
+// xtables target expression named name.
 func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
 	found := false
 	for ad.Next() {
@@ -245,25 +245,8 @@ func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
 		}
 		ad.Nested(func(list *netlink.AttributeDecoder) error {
 			for list.Next() {
-				list.Nested(func(expr *netlink.AttributeDecoder) error {
-					isTarget := false
-					for expr.Next() {
-						switch expr.Type() {
-						case unix.NFTA_EXPR_NAME:
-							isTarget = expr.String() == "target"
-						case unix.NFTA_EXPR_DATA:
-							if isTarget {
-								expr.Nested(func(data *netlink.AttributeDecoder) error {
-									for data.Next() {
-										if data.Type() == unix.NFTA_TARGET_NAME && data.String() == name {
-											found = true
-										}
-									}
-									return nil
-								})
-							}
-						}
-					}
+				list.Nested(func(e *netlink.AttributeDecoder) error {
+					found = found || targetName(e) == name
 					return nil
 				})
 			}
@@ -271,6 +254,32 @@ func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
 		})
 	}
 	return found
+}
+
+// targetName is the name of the xtables target the expression e reads
+// (expression "target", which iptables-nft writes for `-j DNAT` and the
+// like); "" for any other expression.
+func targetName(e *netlink.AttributeDecoder) string {
+	var kind, target string
+	for e.Next() {
+		switch e.Type() {
+		case unix.NFTA_EXPR_NAME:
+			kind = e.String()
+		case unix.NFTA_EXPR_DATA:
+			e.Nested(func(data *netlink.AttributeDecoder) error {
+				for data.Next() {
+					if data.Type() == unix.NFTA_TARGET_NAME {
+						target = data.String()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	if kind != "target" {
+		return ""
+	}
+	return target
 }
 
 // ElementTexts lists the elements of set, each as ElementText gives it,
