@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -462,11 +461,18 @@ func (b *Backend) programmed(ctx context.Context, f *family) (dataplane.Counts, 
 		return total, err
 	}
 	defer r.Close()
-	services := map[string]bool{}
-	// endpoints holds, per service port (its id), the distinct
-	// endpoints of its elements in the service-endpoints maps.
-	endpoints := map[string]map[string]bool{}
-	for _, s := range sets {
+	// services holds the name hashes of the service ports seen;
+	// endpoints the distinct endpoints of each service port, as its map
+	// (an index into sets), the choice within it and the element's data
+	// (ip . port, each field padded to 4 bytes: at most 20).
+	services := map[[hashLen]byte]bool{}
+	type endpoint struct {
+		set  int32
+		port byte
+		data [20]byte
+	}
+	endpoints := map[endpoint]bool{}
+	for i, s := range sets {
 		if s.Anonymous || s.HasTimeout {
 			continue
 		}
@@ -477,25 +483,21 @@ func (b *Backend) programmed(ctx context.Context, f *family) (dataplane.Counts, 
 			}
 			total.Rules++
 			if sharedMaps[s.Name] && e.Comment != "" {
-				services[hashed(e.Comment)[:hashLen]] = true
+				services[nameHash(e.Comment)] = true
 			}
 			if isEndpoints && len(e.Key) == 4 {
 				// The key's first 16 bits are the choice within the map,
 				// id<<1|local modulo 2*endpointMapPorts (choiceKey).
-				port := s.Name + "/" + strconv.Itoa(int(e.Key[1]>>1))
-				if endpoints[port] == nil {
-					endpoints[port] = map[string]bool{}
-				}
-				endpoints[port][string(e.Val)] = true
+				ep := endpoint{set: int32(i), port: e.Key[1] >> 1}
+				copy(ep.data[:], e.Val)
+				endpoints[ep] = true
 			}
 		})
 		if err != nil {
 			return total, fmt.Errorf("nftables: list %s set %s: %w", f.Name, s.Name, err)
 		}
 	}
-	for _, eps := range endpoints {
-		total.Endpoints += len(eps)
-	}
+	total.Endpoints += len(endpoints)
 	counts, err := r.RuleCounts()
 	if err != nil {
 		return total, err
@@ -507,7 +509,7 @@ func (b *Backend) programmed(ctx context.Context, f *family) (dataplane.Counts, 
 		}
 		// A port's chains always hold rules; a stale one is empty.
 		if h := portHash(chain); h != "" && n > 0 {
-			services[h] = true
+			services[[hashLen]byte([]byte(h))] = true
 		}
 	}
 	total.Services += len(services)

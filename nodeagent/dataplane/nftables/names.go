@@ -145,10 +145,19 @@ func portHash(chain string) string {
 // hashLen is the length of the hash in front of per-service names.
 const hashLen = 8
 
-// hashed prefixes s with 8 base32 characters of its SHA-256.
+// hashed prefixes s with its nameHash.
 func hashed(s string) string {
+	h := nameHash(s)
+	return string(h[:]) + "-" + s
+}
+
+// nameHash is the 8 base32 characters of s's SHA-256 that begin the
+// names of s's objects: the encoding of its first 5 bytes.
+func nameHash(s string) [hashLen]byte {
 	sum := sha256.Sum256([]byte(s))
-	return base32.StdEncoding.EncodeToString(sum[:])[:hashLen] + "-" + s
+	var h [hashLen]byte
+	base32.StdEncoding.Encode(h[:], sum[:hashLen*5/8])
+	return h
 }
 
 // limit truncates a name the kernel would refuse; the hash in front keeps

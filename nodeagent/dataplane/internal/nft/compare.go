@@ -132,10 +132,10 @@ func (r *Reader) RuleCounts() (map[string]int, error) {
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_RULE_TABLE, r.table)
 	counts := map[string]int{}
-	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(ad *netlink.AttributeDecoder) {
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_RULE_CHAIN {
-				counts[ad.String()]++
+	err := dumpOn(r.c, r.fam, unix.NFT_MSG_GETRULE, ae, func(a *attrs) {
+		for a.next() {
+			if a.typ == unix.NFTA_RULE_CHAIN {
+				counts[a.str()]++
 			}
 		}
 	})
@@ -223,9 +223,9 @@ func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain, target
 	ae.String(unix.NFTA_RULE_TABLE, table)
 	ae.String(unix.NFTA_RULE_CHAIN, chain)
 	// Every message of the dump is one rule.
-	err := dumpObjectOn(c, fam, unix.NFT_MSG_GETRULE, ae, func(ad *netlink.AttributeDecoder) {
+	err := dumpObjectOn(c, fam, unix.NFT_MSG_GETRULE, ae, func(a *attrs) {
 		n.rules++
-		if hasTarget(ad, target) {
+		if hasTarget(a, target) {
 			n.targeted++
 		}
 	})
@@ -235,23 +235,19 @@ func ruleCountOn(c *netlink.Conn, fam nftables.TableFamily, table, chain, target
 	return nil
 }
 
-// hasTarget says whether the rule whose attributes ad reads has an
+// hasTarget says whether the rule whose attributes a reads has an
 // xtables target expression named name.
-func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
+func hasTarget(a *attrs, name string) bool {
 	found := false
-	for ad.Next() {
-		if ad.Type() != unix.NFTA_RULE_EXPRESSIONS {
+	for a.next() {
+		if a.typ != unix.NFTA_RULE_EXPRESSIONS {
 			continue
 		}
-		ad.Nested(func(list *netlink.AttributeDecoder) error {
-			for list.Next() {
-				list.Nested(func(e *netlink.AttributeDecoder) error {
-					found = found || targetName(e) == name
-					return nil
-				})
-			}
-			return nil
-		})
+		list := a.nested()
+		for list.next() {
+			found = found || targetName(list.nested()) == name
+		}
+		a.nestedErr(list)
 	}
 	return found
 }
@@ -259,21 +255,18 @@ func hasTarget(ad *netlink.AttributeDecoder, name string) bool {
 // targetName is the name of the xtables target the expression e reads
 // (expression "target", which iptables-nft writes for `-j DNAT` and the
 // like); "" for any other expression.
-func targetName(e *netlink.AttributeDecoder) string {
+func targetName(e *attrs) string {
 	var kind, target string
-	for e.Next() {
-		switch e.Type() {
+	for e.next() {
+		switch e.typ {
 		case unix.NFTA_EXPR_NAME:
-			kind = e.String()
+			kind = e.str()
 		case unix.NFTA_EXPR_DATA:
-			e.Nested(func(data *netlink.AttributeDecoder) error {
-				for data.Next() {
-					if data.Type() == unix.NFTA_TARGET_NAME {
-						target = data.String()
-					}
+			for data := e.nested(); data.next(); {
+				if data.typ == unix.NFTA_TARGET_NAME {
+					target = data.str()
 				}
-				return nil
-			})
+			}
 		}
 	}
 	if kind != "target" {
@@ -301,30 +294,21 @@ func (r *Reader) EachElement(set string, fn func(nftables.SetElement)) error {
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, r.table)
 	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
-	var bad error
-	err := dumpObjectOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(ad *netlink.AttributeDecoder) {
-		for ad.Next() {
-			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+	err := dumpObjectOn(r.c, r.fam, unix.NFT_MSG_GETSETELEM, ae, func(a *attrs) {
+		for a.next() {
+			if a.typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 				continue
 			}
-			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					list.Nested(func(elem *netlink.AttributeDecoder) error {
-						e, err := decodeElement(elem)
-						if err != nil {
-							bad = err
-						}
-						fn(e)
-						return nil
-					})
-				}
-				return nil
-			})
+			list := a.nested()
+			for list.next() {
+				elem := list.nested()
+				e := decodeElement(elem)
+				list.nestedErr(elem)
+				fn(e)
+			}
+			a.nestedErr(list)
 		}
 	})
-	if err == nil {
-		err = bad
-	}
 	if err != nil {
 		return r.failed(fmt.Errorf("nft: list the elements of %s: %w", set, err))
 	}
@@ -332,56 +316,63 @@ func (r *Reader) EachElement(set string, fn func(nftables.SetElement)) error {
 }
 
 // decodeElement reads one NFTA_LIST_ELEM: its key, the end of its range,
-// its interval-end flag, its data or verdict and its comment.
-func decodeElement(ad *netlink.AttributeDecoder) (nftables.SetElement, error) {
+// its interval-end flag, its data or verdict and its comment. A
+// malformed attribute is a's error.
+func decodeElement(a *attrs) nftables.SetElement {
 	var e nftables.SetElement
-	value := func(dst *[]byte) func(*netlink.AttributeDecoder) error {
-		return func(d *netlink.AttributeDecoder) error {
-			for d.Next() {
-				if d.Type() == unix.NFTA_DATA_VALUE {
-					*dst = d.Bytes()
+	// value is the NFTA_DATA_VALUE of the NFTA_DATA nested in a's
+	// current attribute.
+	value := func() []byte {
+		var v []byte
+		d := a.nested()
+		for d.next() {
+			if d.typ == unix.NFTA_DATA_VALUE {
+				v = d.val
+			}
+		}
+		a.nestedErr(d)
+		return v
+	}
+	for a.next() {
+		switch a.typ {
+		case unix.NFTA_SET_ELEM_KEY:
+			e.Key = value()
+		case nftaSetElemKeyEnd:
+			e.KeyEnd = value()
+		case unix.NFTA_SET_ELEM_FLAGS:
+			e.IntervalEnd = a.be32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		case unix.NFTA_SET_ELEM_USERDATA:
+			e.Comment, _ = userdata.GetString(a.val, userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
+		case unix.NFTA_SET_ELEM_DATA:
+			d := a.nested()
+			for d.next() {
+				switch d.typ {
+				case unix.NFTA_DATA_VALUE:
+					e.Val = d.val
+				case unix.NFTA_DATA_VERDICT:
+					v := d.nested()
+					e.VerdictData = decodeVerdict(v).Expr()
+					d.nestedErr(v)
 				}
 			}
-			return nil
+			a.nestedErr(d)
 		}
 	}
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_SET_ELEM_KEY:
-			ad.Nested(value(&e.Key))
-		case nftaSetElemKeyEnd:
-			ad.Nested(value(&e.KeyEnd))
-		case unix.NFTA_SET_ELEM_FLAGS:
-			e.IntervalEnd = binary.BigEndian.Uint32(ad.Bytes())&unix.NFT_SET_ELEM_INTERVAL_END != 0
-		case unix.NFTA_SET_ELEM_USERDATA:
-			e.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_ELEM_COMMENT)
-		case unix.NFTA_SET_ELEM_DATA:
-			ad.Nested(func(d *netlink.AttributeDecoder) error {
-				for d.Next() {
-					switch d.Type() {
-					case unix.NFTA_DATA_VALUE:
-						e.Val = d.Bytes()
-					case unix.NFTA_DATA_VERDICT:
-						v := &Verdict{}
-						d.Nested(func(vd *netlink.AttributeDecoder) error {
-							for vd.Next() {
-								switch vd.Type() {
-								case unix.NFTA_VERDICT_CODE:
-									v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(vd.Bytes())))
-								case unix.NFTA_VERDICT_CHAIN:
-									v.Chain = vd.String()
-								}
-							}
-							return nil
-						})
-						e.VerdictData = v.Expr()
-					}
-				}
-				return nil
-			})
+	return e
+}
+
+// decodeVerdict reads an NFTA_DATA_VERDICT's attributes.
+func decodeVerdict(a *attrs) *Verdict {
+	v := &Verdict{}
+	for a.next() {
+		switch a.typ {
+		case unix.NFTA_VERDICT_CODE:
+			v.Kind = expr.VerdictKind(int32(a.be32()))
+		case unix.NFTA_VERDICT_CHAIN:
+			v.Chain = a.str()
 		}
 	}
-	return e, ad.Err()
+	return v
 }
 
 // Generation returns the nf_tables ruleset generation of network
@@ -402,10 +393,10 @@ func Generation(netns nsexec.NS) (uint32, error) {
 // generationOn reads the ruleset's generation on socket c.
 func generationOn(c *netlink.Conn) (uint32, error) {
 	gen, found := uint32(0), false
-	err := requestOn(c, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, netlink.Request, netlink.NewAttributeEncoder(), func(ad *netlink.AttributeDecoder) {
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				gen, found = binary.BigEndian.Uint32(ad.Bytes()), true
+	err := requestOn(c, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, netlink.Request, netlink.NewAttributeEncoder(), func(a *attrs) {
+		for a.next() {
+			if a.typ == unix.NFTA_GEN_ID {
+				gen, found = a.be32(), true
 			}
 		}
 	})

@@ -114,15 +114,15 @@ func FindTable(netns nsexec.NS, f *Family, name string) (*nftables.Table, error)
 // *ForeignTableError if it exists without proxyshift's mark.
 func CheckOwned(netns nsexec.NS, fam nftables.TableFamily, famName, name string) (bool, error) {
 	found, comment := false, ""
-	err := dump(netns, fam, unix.NFT_MSG_GETTABLE, unix.NFTA_TABLE_NAME, name, func(ad *netlink.AttributeDecoder) {
+	err := dump(netns, fam, unix.NFT_MSG_GETTABLE, unix.NFTA_TABLE_NAME, name, func(a *attrs) {
 		var n string
 		var udata []byte
-		for ad.Next() {
-			switch ad.Type() {
+		for a.next() {
+			switch a.typ {
 			case unix.NFTA_TABLE_NAME:
-				n = ad.String()
+				n = a.str()
 			case nftaTableUserdata:
-				udata = ad.Bytes()
+				udata = a.val
 			}
 		}
 		if n == name {
