@@ -26,7 +26,7 @@ type attrs struct {
 }
 
 // newAttrs walks the attributes of b.
-func newAttrs(b []byte) *attrs { return &attrs{rest: b} }
+func newAttrs(b []byte) attrs { return attrs{rest: b} }
 
 // next moves to the next attribute: false at the end, or at a malformed
 // one (err says which).
@@ -50,7 +50,7 @@ func (a *attrs) next() bool {
 
 // nested walks the current attribute's value, a list of attributes.
 // Its error is its own: nestedErr carries it over.
-func (a *attrs) nested() *attrs { return newAttrs(a.val) }
+func (a *attrs) nested() attrs { return newAttrs(a.val) }
 
 // nestedErr keeps the first error of a nested walk n as a's own.
 func (a *attrs) nestedErr(n *attrs) {

@@ -90,7 +90,7 @@ func TestAttrsMalformed(t *testing.T) {
 	n := a.nested()
 	for n.next() {
 	}
-	a.nestedErr(n)
+	a.nestedErr(&n)
 	if a.err == nil || a.next() {
 		t.Errorf("a malformed nested list left its parent without error (%v)", a.err)
 	}

@@ -245,9 +245,10 @@ func hasTarget(a *attrs, name string) bool {
 		}
 		list := a.nested()
 		for list.next() {
-			found = found || targetName(list.nested()) == name
+			e := list.nested()
+			found = found || targetName(&e) == name
 		}
-		a.nestedErr(list)
+		a.nestedErr(&list)
 	}
 	return found
 }
@@ -302,11 +303,11 @@ func (r *Reader) EachElement(set string, fn func(nftables.SetElement)) error {
 			list := a.nested()
 			for list.next() {
 				elem := list.nested()
-				e := decodeElement(elem)
-				list.nestedErr(elem)
+				e := decodeElement(&elem)
+				list.nestedErr(&elem)
 				fn(e)
 			}
-			a.nestedErr(list)
+			a.nestedErr(&list)
 		}
 	})
 	if err != nil {
@@ -330,7 +331,7 @@ func decodeElement(a *attrs) nftables.SetElement {
 				v = d.val
 			}
 		}
-		a.nestedErr(d)
+		a.nestedErr(&d)
 		return v
 	}
 	for a.next() {
@@ -351,11 +352,11 @@ func decodeElement(a *attrs) nftables.SetElement {
 					e.Val = d.val
 				case unix.NFTA_DATA_VERDICT:
 					v := d.nested()
-					e.VerdictData = decodeVerdict(v).Expr()
-					d.nestedErr(v)
+					e.VerdictData = decodeVerdict(&v).Expr()
+					d.nestedErr(&v)
 				}
 			}
-			a.nestedErr(d)
+			a.nestedErr(&d)
 		}
 	}
 	return e

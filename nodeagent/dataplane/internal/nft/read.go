@@ -99,7 +99,7 @@ func decodeHook(ch *nftables.Chain, a *attrs) {
 			ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(int32(h.be32())))
 		}
 	}
-	a.nestedErr(h)
+	a.nestedErr(&h)
 }
 
 // RuleCounts returns the number of rules in each chain of table (family
@@ -381,7 +381,7 @@ func eachAnswer(b []byte, seq uint32, fn func(*attrs)) (done bool, err error) {
 		}
 		if fn != nil && len(body) >= 4 {
 			a := newAttrs(body[4:])
-			fn(a)
+			fn(&a)
 			if a.err != nil {
 				return true, a.err
 			}
