@@ -26,7 +26,12 @@
 //     and taken again when another program's commit lands during one
 //     that walks its objects too (the kernel resumes such a dump by
 //     counting, so it would skip or repeat some of ours), after waiting
-//     for any commit under way to end.
+//     for any commit under way to end, before the dump and after it.
+//   - Reading answers: each batch of a dump is read into a pooled buffer
+//     and its attributes walked in place (attrs), where mdlayher/netlink
+//     holds a whole dump and copies every attribute; a periodic resync
+//     and a switch's Verifying read 120 000 elements back at 10 000
+//     services.
 //
 // The package knows nothing of services: the backends decide what to
 // program, this package says it to the kernel.
