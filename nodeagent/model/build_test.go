@@ -305,6 +305,28 @@ func TestBuildDuplicatePreference(t *testing.T) {
 	}
 }
 
+// TestBuildDuplicateTie: of two copies of an endpoint that are equally
+// preferred, the one in the slice first by name wins, whatever order the
+// slices come in; and the endpoints come out sorted, each once.
+func TestBuildDuplicateTie(t *testing.T) {
+	a := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2", on("a")), ep("10.1.0.1", on("a")))
+	b := slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", on("b")), ep("10.1.0.3", on("b")), ep("10.1.0.2", on("b")))
+	for _, in := range [][]*discoveryv1.EndpointSlice{{a, b}, {b, a}} {
+		got, errs := BuildServicePorts(service(), in, Node{Name: node})
+		if errs != nil || len(got) != 1 {
+			t.Fatalf("got %v, %v; want one port", got, errs)
+		}
+		var seen []string
+		for _, e := range got[0].Endpoints {
+			seen = append(seen, e.String()+" on "+e.NodeName)
+		}
+		want := []string{"10.1.0.1:8080 on a", "10.1.0.2:8080 on a", "10.1.0.3:8080 on b"}
+		if !slices.Equal(seen, want) {
+			t.Errorf("slices %s, %s: endpoints %v, want %v", in[0].Name, in[1].Name, seen, want)
+		}
+	}
+}
+
 func TestBuildSessionAffinityAndRanges(t *testing.T) {
 	timeout := func(sec int32) func(*corev1.Service) {
 		return func(s *corev1.Service) {
