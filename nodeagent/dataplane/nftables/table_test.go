@@ -79,3 +79,17 @@ func TestEndpointElementsAreSmall(t *testing.T) {
 }
 
 func itoaU(u uint32) string { return itoa(int32(u)) }
+
+// TestDistinctElements: an element listed twice by a read-back (a hash
+// set's dump during the kernel's rehash) counts once; the same key in
+// another set counts apart.
+func TestDistinctElements(t *testing.T) {
+	d := newDistinctElements()
+	d.add(0, []byte{1, 2, 3, 4})
+	d.add(0, []byte{1, 2, 3, 4})
+	d.add(0, []byte{1, 2, 3, 5})
+	d.add(1, []byte{1, 2, 3, 4})
+	if got := d.count(); got != 3 {
+		t.Errorf("count = %d, want 3", got)
+	}
+}
