@@ -261,15 +261,16 @@ func requestOn(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags 
 // exchange sends one request of type msgType (family fam) with flags and
 // the attributes ae holds on socket c and reads the answer batch by
 // batch, as the kernel sends it, into a pooled buffer: each batch goes
-// to batch if it is not nil (with the request's sequence number), and the attributes of each answer in it to
-// fn if it is not nil, valid during the call only. Nothing of the answer
-// is copied or decoded into objects (mdlayher/netlink's Execute holds a
-// whole dump, each message and attribute copied, before it returns). It
-// returns when the answer ends: a dump's closing message, a single
-// answer, or an error report. An object that does not exist (ENOENT) is
-// no error: the answer is empty.
+// to batch if it is not nil (with the request's sequence number), and
+// the attributes of each answer in it to fn if it is not nil, valid
+// during the call only. Nothing of the answer is copied or decoded into
+// objects (mdlayher/netlink's Execute holds a whole dump, each message
+// and attribute copied, before it returns). It returns when the answer
+// ends: a dump's closing message, a single answer, or an error report.
+// An object that does not exist (ENOENT) is no error: the answer is
+// empty.
 func exchange(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags netlink.HeaderFlags, ae *netlink.AttributeEncoder, batch func(b []byte, seq uint32), fn func(*attrs)) error {
-	attrs, err := ae.Encode()
+	request, err := ae.Encode()
 	if err != nil {
 		return err
 	}
@@ -279,7 +280,7 @@ func exchange(c *netlink.Conn, fam nftables.TableFamily, msgType uint16, flags n
 			Flags: flags,
 		},
 		// struct nfgenmsg: family, version, resource id.
-		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, attrs...),
+		Data: append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, request...),
 	})
 	if err != nil {
 		return err
