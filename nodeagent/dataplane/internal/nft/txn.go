@@ -327,24 +327,9 @@ func dialDumps(netns nsexec.NS) (*netlink.Conn, error) {
 const dumpBuffer = 32 << 10
 
 // widen makes the kernel fill the dumps of socket c in batches of
-// dumpBuffer: it asks for the ruleset's generation and reads the answer
-// with a buffer of that size, which the kernel remembers.
+// dumpBuffer: it reads the ruleset's generation, and exchange reads the
+// answer with a buffer of that size, which the kernel remembers.
 func widen(c *netlink.Conn) error {
-	if _, err := c.Send(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
-	}); err != nil {
-		return err
-	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	buf := make([]byte, dumpBuffer)
-	var recvErr error
-	err = rc.Read(func(fd uintptr) bool {
-		_, _, _, _, recvErr = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
-		return recvErr != unix.EAGAIN
-	})
-	return errors.Join(err, recvErr)
+	_, err := generationOn(c)
+	return err
 }
