@@ -14,8 +14,8 @@
 //
 // Both programs run as they ship: each gets only what the lab needs (the
 // mode, the kubeconfig, the node name, the cluster CIDR, and for
-// kube-proxy its metrics and health addresses and no conntrack sysctls),
-// listed in the report's header; proxyshift's agent follows its node's
+// kube-proxy its metrics and health addresses and no conntrack sysctls,
+// and for both the profiles below), listed in the report's header; proxyshift's agent follows its node's
 // ProxyNode, which the benchmark writes as the operator would.
 //
 // The mode switch (switch.go): at the largest size, after the other
@@ -24,6 +24,15 @@
 // spec write, and from the status showing Preparing, until the status
 // says Active in the new mode, while a prober opens a new connection
 // through the rules every 5 ms and counts the failures.
+//
+// Memory (heap.go): both programs serve Go's profiles on their metrics
+// address (proxyshift's --profiling, kube-proxy's enableProfiling; the
+// only setting added for the benchmark, idle until asked). The benchmark
+// reads each one's heap every HeapSampleEvery, saves a heap profile at
+// each new peak, and an allocation profile once the first sync has
+// settled; the report gives the peaks, the bytes allocated until then,
+// and, for proxyshift at the largest size, the functions that hold and
+// allocate the most. Peak RSS is the kernel's VmHWM.
 //
 // The report (report.go, chart.go) is Markdown tables with p50, p90,
 // p99, the maximum and the sample counts, and PNG charts drawn with

@@ -45,6 +45,8 @@ type Result struct {
 	// PeakRSS is the program's peak resident set size, in bytes, before
 	// any mode switch.
 	PeakRSS int64
+	// Heap is the program's Go heap, read through its profiles.
+	Heap HeapFigures
 	// Ruleset is the node's `nft list ruleset` once the first sync has
 	// settled (see MeasureRuleset).
 	Ruleset RulesetSize
@@ -52,6 +54,45 @@ type Result struct {
 	// (proxyshift only, at Plan.SwitchSize), or nil.
 	Switches *SwitchResult
 }
+
+// HeapFigures are a program's Go heap in one run, up to its mode
+// switches: sampled every HeapSampleEvery through its pprof handlers.
+type HeapFigures struct {
+	// PeakInuse is the most HeapInuse sampled (the heap the process held:
+	// live objects and garbage not yet collected).
+	PeakInuse uint64
+	// StartupAlloc is every byte the program allocated from exec until
+	// its first sync had settled (TotalAlloc then).
+	StartupAlloc uint64
+	// PeakProfile is the heap profile saved at the sampled peak (its
+	// in-use figures are the live heap at the last collection before
+	// it), StartupProfile the allocation profile taken with StartupAlloc:
+	// both read by go tool pprof, in the run's directory.
+	PeakProfile, StartupProfile string
+	// PeakTop and StartupTop are the functions that hold the most of the
+	// peak profile's in-use bytes and that allocated the most of the
+	// start-up profile's bytes (flat, as go tool pprof -top lists them),
+	// and PeakTotal, StartupTotal those profiles' totals.
+	PeakTop, StartupTop     []FuncBytes
+	PeakTotal, StartupTotal int64
+}
+
+// heapTop is how many functions HeapFigures lists from each profile.
+const heapTop = 10
+
+// readTops fills the top functions from the saved profiles.
+func (h *HeapFigures) readTops() error {
+	var err error
+	if h.PeakTop, h.PeakTotal, err = TopFunctions(h.PeakProfile, "inuse_space", heapTop); err != nil {
+		return err
+	}
+	h.StartupTop, h.StartupTotal, err = TopFunctions(h.StartupProfile, "alloc_space", heapTop)
+	return err
+}
+
+// HeapSampleEvery is how often the benchmark reads a program's heap: a
+// first sync at 10k lasts about a second.
+const HeapSampleEvery = 250 * time.Millisecond
 
 // Plan says what Run measures.
 type Plan struct {
@@ -172,6 +213,11 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	fail := func(err error) (Result, error) {
 		return res, fmt.Errorf("%w (log: %s)", err, run.proc.Log)
 	}
+	heap := run.Heap()
+	hctx, stopHeap := context.WithCancel(ctx)
+	defer stopHeap()
+	res.Heap.PeakProfile = filepath.Join(dir, "heap-peak.pprof")
+	peakHeap := heap.watch(hctx, HeapSampleEvery, res.Heap.PeakProfile)
 
 	// First sync: until the last Service answers.
 	if _, err := waitAnswer(ctx, node, run, ServiceAddr(LastOrdinary(n)), netip.Addr{}, plan.SyncTimeout); err != nil {
@@ -191,6 +237,15 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return fail(err)
 	}
 	res.FirstSyncMetric, res.FirstSyncs = time.Duration(synced.Sum*float64(time.Second)), synced.Count
+	res.Heap.StartupProfile = filepath.Join(dir, "allocs-startup.pprof")
+	startup, err := heap.stats(ctx)
+	if err == nil {
+		res.Heap.StartupAlloc = startup.TotalAlloc
+		err = heap.save(ctx, "allocs", res.Heap.StartupProfile)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("%s's heap after its first sync: %w", prog.Name, err))
+	}
 	if res.Ruleset, err = MeasureRuleset(ctx, node.NS.NS(), filepath.Join(dir, "ruleset.nft")); err != nil {
 		return fail(err)
 	}
@@ -250,6 +305,11 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	}
 	if len(res.ConnectFirst) == 0 || len(res.ConnectLast) == 0 {
 		return fail(fmt.Errorf("no connection to %s or to %s answered: %w", ServiceName(FirstOrdinary()), ServiceName(LastOrdinary(n)), last))
+	}
+	stopHeap()
+	res.Heap.PeakInuse = <-peakHeap
+	if err := res.Heap.readTops(); err != nil {
+		return fail(fmt.Errorf("%s's heap profiles: %w", prog.Name, err))
 	}
 	if res.PeakRSS, err = run.PeakRSS(); err != nil {
 		return fail(err)

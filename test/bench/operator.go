@@ -4,13 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,7 +137,7 @@ func RunOperator(ctx context.Context, p OperatorPlan) (*OperatorResult, error) {
 	res.Args = op.args
 	hctx, stopHeap := context.WithCancel(ctx)
 	defer stopHeap()
-	peakHeap := op.watchHeap(hctx, 2*time.Second, filepath.Join(p.Dir, HeapProfileName))
+	peakHeap := op.pprof.watch(hctx, 2*time.Second, filepath.Join(p.Dir, HeapProfileName))
 
 	start = time.Now()
 	if err := waitUntil(ctx, op, p.Timeout, func() (bool, error) {
@@ -248,7 +245,7 @@ type operatorProcess struct {
 	cmd        *exec.Cmd
 	args       []string
 	metricsURL string
-	heapURL    string
+	pprof      goHeap
 	log        string
 	exited     chan struct{}
 	err        error
@@ -296,81 +293,17 @@ func startOperator(env *testenv.Env, p OperatorPlan) (*operatorProcess, error) {
 		logFile.Close()
 		close(op.exited)
 	}()
-	op.metricsURL, op.heapURL = "http://"+metricsAddr+"/metrics", "http://"+pprofAddr+"/debug/pprof/heap"
+	op.metricsURL, op.pprof = "http://"+metricsAddr+"/metrics", goHeap{base: "http://" + pprofAddr}
 	return op, nil
 }
 
 // metrics reads the reconcile figures from the operator's metrics.
 func (op *operatorProcess) metrics(ctx context.Context) (map[string]*Reconciles, error) {
-	body, err := httpGet(ctx, op.metricsURL)
+	body, err := httpGet(ctx, nil, op.metricsURL)
 	if err != nil {
 		return nil, fmt.Errorf("operator metrics: %w", err)
 	}
 	return reconcileMetrics(bytes.NewReader(body))
-}
-
-// saveHeapProfile writes the operator's heap profile (go tool pprof reads
-// it) to path.
-func (op *operatorProcess) saveHeapProfile(ctx context.Context, path string) error {
-	body, err := httpGet(ctx, op.heapURL)
-	if err != nil {
-		return fmt.Errorf("operator heap profile: %w", err)
-	}
-	return os.WriteFile(path, body, 0o644)
-}
-
-// watchHeap samples the operator's Go heap in use every interval until
-// ctx ends, and saves a heap profile to path each time it reaches a new
-// peak: the profile of the heap at its largest, where the peak RSS comes
-// from. It returns the peak, in bytes, when ctx ends.
-func (op *operatorProcess) watchHeap(ctx context.Context, interval time.Duration, path string) <-chan uint64 {
-	out := make(chan uint64, 1)
-	go func() {
-		var peak uint64
-		defer func() { out <- peak }()
-		for {
-			if inuse, err := op.heapInuse(ctx); err == nil && inuse > peak {
-				peak = inuse
-				_ = op.saveHeapProfile(ctx, path)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(interval):
-			}
-		}
-	}()
-	return out
-}
-
-// heapInuse reads HeapInuse from the heap profile's text form.
-func (op *operatorProcess) heapInuse(ctx context.Context) (uint64, error) {
-	body, err := httpGet(ctx, op.heapURL+"?debug=1")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, "# HeapInuse = "); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no HeapInuse in the heap profile")
-}
-
-func httpGet(ctx context.Context, url string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return io.ReadAll(resp.Body)
 }
 
 // stop ends the operator with SIGTERM (SIGKILL after 30 s), once.

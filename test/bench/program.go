@@ -69,9 +69,11 @@ const (
 // KubeProxy is kube-proxy at path, configured by a KubeProxyConfiguration
 // file that sets only what the lab needs: the mode, hostnameOverride (the
 // bench Node), the cluster CIDR with detectLocalMode ClusterCIDR, metrics
-// and healthz on the namespace's loopback, and no conntrack sysctl changes
-// (nf_conntrack_max is not per namespace). Everything else, the sync
-// periods included, is kube-proxy's default.
+// and healthz on the namespace's loopback, no conntrack sysctl changes
+// (nf_conntrack_max is not per namespace), and enableProfiling (Go's
+// profiles on the metrics address, read for the heap figures; they cost
+// nothing until asked for). Everything else, the sync periods included,
+// is kube-proxy's default.
 func KubeProxy(path string) Program {
 	return Program{Name: "kube-proxy", Path: path, syncMetric: "kubeproxy_sync_proxy_rules_duration_seconds", metricsAddr: kubeProxyMetricsAddr,
 		args: func(mode, dir string) ([]string, error) {
@@ -85,6 +87,7 @@ clusterCIDR: %s
 detectLocalMode: ClusterCIDR
 metricsBindAddress: %s
 healthzBindAddress: %s
+enableProfiling: true
 conntrack:
   maxPerCore: 0
   min: 0
@@ -102,10 +105,11 @@ conntrack:
 // benchmark writes as the operator would (desiredMode, a configRef), and
 // whose status the agent writes. It gets only what the lab needs, the
 // same as kube-proxy: --kubeconfig, --node-name, --mode (the same mode
-// the ProxyNode asks for), --cluster-cidr and -v=1. Everything else is
-// the agent's default: the sync periods, its metrics on 127.0.0.1:10265,
-// its health endpoints on 0.0.0.0:10266 and, as kube-proxy's stand-in,
-// 0.0.0.0:10256 (all inside the node namespace).
+// the ProxyNode asks for), --cluster-cidr, -v=1, and --profiling (Go's
+// profiles on the metrics address, as kube-proxy's enableProfiling).
+// Everything else is the agent's default: the sync periods, its metrics
+// on 127.0.0.1:10265, its health endpoints on 0.0.0.0:10266 and, as
+// kube-proxy's stand-in, 0.0.0.0:10256 (all inside the node namespace).
 func Proxyshift(path string) Program {
 	return Program{Name: "proxyshift", Path: path, syncMetric: "proxyshift_sync_proxy_rules_duration_seconds",
 		metricsAddr: proxyshiftMetricsAddr, FollowsProxyNode: true,
@@ -114,7 +118,7 @@ func Proxyshift(path string) Program {
 		args: func(mode, dir string) ([]string, error) {
 			return []string{
 				"--kubeconfig", filepath.Join(dir, "kubeconfig"), "--node-name", NodeName,
-				"--mode", mode, "--cluster-cidr", EndpointCIDR.String(), "-v=1",
+				"--mode", mode, "--cluster-cidr", EndpointCIDR.String(), "-v=1", "--profiling",
 			}, nil
 		}}
 }
@@ -228,20 +232,13 @@ func (h Histogram) Mean() time.Duration {
 
 // metrics fetches the program's metrics page.
 func (r *Running) metrics(ctx context.Context) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.Program.metricsAddr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := r.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s metrics: %s: %.512s", r.Program.Name, resp.Status, b)
-	}
-	return b, err
+	return httpGet(ctx, r.http, "http://"+r.Program.metricsAddr+"/metrics")
+}
+
+// Heap reads the program's Go heap through its pprof handlers on the
+// metrics address (both programs are started with profiling on).
+func (r *Running) Heap() goHeap {
+	return goHeap{client: r.http, base: "http://" + r.Program.metricsAddr}
 }
 
 // Syncs reads the program's sync-duration histogram from its metrics,

@@ -259,11 +259,10 @@ func (r *Report) rows(mode string) []row {
 		}
 	})
 	each(func(n int, kp, ps Result, _ bool) {
-		rw := row{what: fmt.Sprintf("peak RSS, %d services", n), kp: "-", ps: fmtMiB(ps.PeakRSS), ratio: "-"}
-		if kp.PeakRSS > 0 {
-			rw.kp, rw.ratio = fmtMiB(kp.PeakRSS), fmt.Sprintf("%.2f", float64(ps.PeakRSS)/float64(kp.PeakRSS))
-		}
-		out = append(out, rw)
+		out = append(out,
+			bytesRow(fmt.Sprintf("peak RSS, %d services", n), kp.PeakRSS, ps.PeakRSS),
+			bytesRow(fmt.Sprintf("peak Go heap in use (sampled every %s), %d services", HeapSampleEvery, n), int64(kp.Heap.PeakInuse), int64(ps.Heap.PeakInuse)),
+			bytesRow(fmt.Sprintf("Go heap allocated from exec until the first sync settled, %d services", n), int64(kp.Heap.StartupAlloc), int64(ps.Heap.StartupAlloc)))
 	})
 	each(func(n int, kp, ps Result, atLargest bool) {
 		rw := row{what: fmt.Sprintf("ruleset size (`nft list ruleset`), %d services", n), kp: "-", ps: fmtMB(ps.Ruleset.Bytes), ratio: "-"}
@@ -305,6 +304,22 @@ func (r *Report) rows(mode string) []row {
 	return out
 }
 
+// bytesRow compares two sizes in bytes; a program not measured (0)
+// shows "-".
+func bytesRow(what string, kp, ps int64) row {
+	rw := row{what: what, kp: "-", ps: "-", ratio: "-"}
+	if kp > 0 {
+		rw.kp = fmtMiB(kp)
+	}
+	if ps > 0 {
+		rw.ps = fmtMiB(ps)
+	}
+	if kp > 0 && ps > 0 {
+		rw.ratio = fmt.Sprintf("%.2f", float64(ps)/float64(kp))
+	}
+	return rw
+}
+
 func lastOverFirst(r Result) float64 {
 	first := Percentile(r.ConnectFirst, 50)
 	if first == 0 {
@@ -339,6 +354,12 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", rw.what, rw.kp, rw.ps, rw.ratio, target)
 		}
 	}
+	for _, mode := range r.modes() {
+		sizes := r.sizesOf(mode)
+		if ps, ok := r.lookup("proxyshift", mode, sizes[len(sizes)-1]); ok && len(ps.Heap.PeakTop) > 0 {
+			b.WriteString(heapMarkdown(ps))
+		}
+	}
 	for _, res := range r.Results {
 		if res.Switches != nil {
 			b.WriteString(switchMarkdown(res.Switches))
@@ -346,6 +367,29 @@ func (r *Report) Markdown() string {
 	}
 	for _, x := range r.Extra {
 		b.WriteString("\n" + strings.TrimRight(x, "\n") + "\n")
+	}
+	return b.String()
+}
+
+// heapMarkdown is the section on where a run's Go heap went: the
+// functions holding the most of it at its sampled peak and those that
+// allocated the most until the first sync settled.
+func heapMarkdown(r Result) string {
+	var b strings.Builder
+	h := r.Heap
+	fmt.Fprintf(&b, "\n### where %s's Go heap goes, %s mode, %d services\n\n", r.Program, r.Mode, r.Services)
+	fmt.Fprintf(&b, "From its heap profiles (flat bytes by function, as `go tool pprof -top` lists them; `-keep` keeps the profiles, %s and %s in the run's directory). In use at the sampled peak of %s in use: the live heap at the collection before it, %s of it in the profile. Allocated from exec until the first sync settled: %s in the profile, of %s counted by the runtime.\n\n",
+		filepath.Base(h.PeakProfile), filepath.Base(h.StartupProfile), fmtMiB(int64(h.PeakInuse)), fmtMiB(h.PeakTotal), fmtMiB(h.StartupTotal), fmtMiB(int64(h.StartupAlloc)))
+	fmt.Fprintln(&b, "| in use at the peak | | allocated at start-up | |")
+	fmt.Fprintln(&b, "| --- | --- | --- | --- |")
+	for i := range max(len(h.PeakTop), len(h.StartupTop)) {
+		cell := func(top []FuncBytes) string {
+			if i >= len(top) {
+				return "| |"
+			}
+			return fmt.Sprintf("`%s` | %s |", top[i].Func, fmtMB(int(top[i].Bytes)))
+		}
+		fmt.Fprintf(&b, "| %s %s\n", cell(h.PeakTop), cell(h.StartupTop))
 	}
 	return b.String()
 }

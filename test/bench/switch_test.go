@@ -54,9 +54,10 @@ func TestReportListsFlags(t *testing.T) {
 	}
 	md := r.Markdown()
 	for _, want := range []string{
-		"proxyshift:\n\n```\n--kubeconfig <dir>/kubeconfig --node-name bench-node --mode <mode> --cluster-cidr 198.18.128.0/17 -v=1\n```",
+		"proxyshift:\n\n```\n--kubeconfig <dir>/kubeconfig --node-name bench-node --mode <mode> --cluster-cidr 198.18.128.0/17 -v=1 --profiling\n```",
 		"kube-proxy:\n\n```\n--config <dir>/kube-proxy.yaml --v=1\napiVersion: kubeproxy.config.k8s.io/v1alpha1",
 		"mode: <mode>",
+		"enableProfiling: true",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)

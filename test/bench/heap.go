@@ -1,0 +1,173 @@
+package bench
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// goHeap reads a Go program's heap through its net/http/pprof handlers:
+// the agent's --profiling and kube-proxy's enableProfiling serve them on
+// the metrics address, the operator on its pprof address.
+type goHeap struct {
+	client *http.Client
+	// base is "http://host:port", before /debug/pprof/.
+	base string
+}
+
+// memStats are the figures of runtime.MemStats the heap profile's text
+// form ends with, of which the benchmark reports two.
+type memStats struct {
+	// HeapInuse is the bytes in spans holding objects: the heap the
+	// process holds now, live objects and garbage not yet collected.
+	HeapInuse uint64
+	// TotalAlloc is every byte allocated since the process started.
+	TotalAlloc uint64
+}
+
+// stats reads HeapInuse and TotalAlloc from the heap profile's text form.
+func (h goHeap) stats(ctx context.Context) (memStats, error) {
+	body, err := h.get(ctx, "/debug/pprof/heap?debug=1")
+	if err != nil {
+		return memStats{}, err
+	}
+	var s memStats
+	found := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, f := range []struct {
+			prefix string
+			to     *uint64
+		}{{"# HeapInuse = ", &s.HeapInuse}, {"# TotalAlloc = ", &s.TotalAlloc}} {
+			if v, ok := strings.CutPrefix(line, f.prefix); ok {
+				if *f.to, err = strconv.ParseUint(strings.TrimSpace(v), 10, 64); err != nil {
+					return memStats{}, err
+				}
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return memStats{}, fmt.Errorf("%s: no HeapInuse or TotalAlloc in the heap profile", h.base)
+	}
+	return s, nil
+}
+
+// save writes the named profile ("heap", "allocs"), the form go tool
+// pprof reads, to path.
+func (h goHeap) save(ctx context.Context, name, path string) error {
+	body, err := h.get(ctx, "/debug/pprof/"+name)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// watch samples HeapInuse every interval until ctx ends, and saves a heap
+// profile to path each time it reaches a new peak: the profile of the
+// heap at its largest, where the peak RSS comes from. It sends the peak,
+// in bytes, when ctx ends.
+func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) <-chan uint64 {
+	out := make(chan uint64, 1)
+	go func() {
+		var peak uint64
+		defer func() { out <- peak }()
+		for {
+			if s, err := h.stats(ctx); err == nil && s.HeapInuse > peak {
+				peak = s.HeapInuse
+				_ = h.save(ctx, "heap", path)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	return out
+}
+
+func (h goHeap) get(ctx context.Context, path string) ([]byte, error) {
+	return httpGet(ctx, h.client, h.base+path)
+}
+
+// httpGet is the body of a GET of url through c (nil: the default
+// client), an error unless it answers 200 OK.
+func httpGet(ctx context.Context, c *http.Client, url string) ([]byte, error) {
+	if c == nil {
+		c = http.DefaultClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.512s", url, resp.Status, body)
+	}
+	return body, err
+}
+
+// FuncBytes is one line of a profile's top: a function and the bytes of
+// the samples whose innermost frame it is (pprof's "flat").
+type FuncBytes struct {
+	Func  string
+	Bytes int64
+}
+
+// TopFunctions reads the profile at path and returns the n functions with
+// the most flat bytes of the sample type (inuse_space, alloc_space), the
+// way `go tool pprof -top -sample_index=<type>` lists them, and the total
+// of that sample type.
+func TopFunctions(path, sampleType string, n int) ([]FuncBytes, int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	p, err := profile.Parse(bytes.NewReader(b))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return topFunctions(p, sampleType, n)
+}
+
+func topFunctions(p *profile.Profile, sampleType string, n int) ([]FuncBytes, int64, error) {
+	idx := slices.IndexFunc(p.SampleType, func(t *profile.ValueType) bool { return t.Type == sampleType })
+	if idx < 0 {
+		return nil, 0, fmt.Errorf("no sample type %s in the profile", sampleType)
+	}
+	flat := map[string]int64{}
+	var total int64
+	for _, s := range p.Sample {
+		v := s.Value[idx]
+		total += v
+		name := "?"
+		if len(s.Location) > 0 && len(s.Location[0].Line) > 0 {
+			// A location's lines run from the innermost inlined call out.
+			name = s.Location[0].Line[0].Function.Name
+		}
+		flat[name] += v
+	}
+	top := make([]FuncBytes, 0, len(flat))
+	for f, v := range flat {
+		top = append(top, FuncBytes{Func: f, Bytes: v})
+	}
+	slices.SortFunc(top, func(a, b FuncBytes) int {
+		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Func, b.Func))
+	})
+	return top[:min(n, len(top))], total, nil
+}
