@@ -8,6 +8,9 @@ import (
 
 // Snapshot is the complete model at one instant: every service port of
 // each IP family. Dataplanes render from it and never from API objects.
+// Nothing changes a ServicePort once a snapshot holds it (a change
+// publishes a new one), so a dataplane may keep the ports, and their
+// endpoint arrays, from one sync to the next.
 type Snapshot struct {
 	// Ports holds each family's service ports by name.
 	Ports map[corev1.IPFamily]map[ServicePortName]*ServicePort

@@ -624,7 +624,7 @@ func (objs *portObjects) counts() dataplane.Counts {
 	if shared > 0 {
 		c.Services++
 	}
-	c.Rules += shared + len(objs.endpointElems)
+	c.Rules += shared + objs.endpointElemCount()
 	c.Endpoints += objs.endpoints
 	for _, ch := range objs.chains {
 		c.Rules += len(ch.Rules)

@@ -79,7 +79,7 @@ func (rs *ruleset) objects() wanted {
 			if w.sets[m.name] == nil {
 				w.sets[m.name] = m
 			}
-			w.elems[m.name] = append(w.elems[m.name], objs.endpointElems)
+			w.elems[m.name] = append(w.elems[m.name], objs.endpointElems())
 		}
 	}
 	if len(hairpin) > 0 {

@@ -234,17 +234,18 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 			}
 		}
 
+		oldEndpoints, newEndpoints := old.endpointElems(), nw.endpointElems()
 		if m := old.endpointMap; m != nil {
 			endpointMapDefs[m.name] = m
 			endpointMapDelta[m.name]--
-			if gone := missing(old.endpointElems, nw.endpointElems); len(gone) > 0 {
+			if gone := missing(oldEndpoints, newEndpoints); len(gone) > 0 {
 				delEndpoints[m.name] = append(delEndpoints[m.name], gone)
 			}
 		}
 		if m := nw.endpointMap; m != nil {
 			endpointMapDefs[m.name] = m
 			endpointMapDelta[m.name]++
-			if added := missing(nw.endpointElems, old.endpointElems); len(added) > 0 {
+			if added := missing(newEndpoints, oldEndpoints); len(added) > 0 {
 				addEndpoints[m.name] = append(addEndpoints[m.name], added)
 			}
 		}

@@ -427,11 +427,7 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
 				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
-		if elems := numgenRanges(f, choice, eps); objs.endpointElems == nil {
-			objs.endpointElems = elems // most ports have one choice: no copy
-		} else {
-			objs.endpointElems = append(objs.endpointElems, elems...)
-		}
+		objs.endpointChoices = append(objs.endpointChoices, endpointChoice{f: f, choice: choice, eps: eps})
 		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, numgenRange, choiceKey(choice), objs.endpointMap.name).Rule())
 		objs.chains = append(objs.chains, c)
 		return
