@@ -174,11 +174,21 @@ func trimMeta(m *metav1.ObjectMeta, label, annotation string) {
 	}
 }
 
-// keepKey returns a map holding only key's entry of m (nil without it).
+// keepKey returns m holding only key's entry (nil without it). A map of
+// up to 8 entries, all in one group of Go's map (whose room never
+// shrinks), is emptied and reused: the common case, and no new map for
+// each of 20 000 objects at 10 000 services. A larger one is replaced
+// by a new map, which does not keep its room. Either way the entry's key
+// is the caller's string, not the decoded copy of it.
 func keepKey(m map[string]string, key string) map[string]string {
 	v, ok := m[key]
 	if !ok || key == "" {
 		return nil
 	}
-	return map[string]string{key: v}
+	if len(m) > 8 {
+		return map[string]string{key: v}
+	}
+	clear(m)
+	m[key] = v
+	return m
 }

@@ -196,3 +196,39 @@ func TestTrimFitsTheEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepKeyTrimsSmallMapsInPlace: the labels of a decoded object keep
+// the one entry the agent reads; a map of up to 8 entries is the same
+// map afterwards (no allocation), a larger one a new map of one entry;
+// without the key, or with no key asked for, nothing is kept.
+func TestKeepKeyTrimsSmallMapsInPlace(t *testing.T) {
+	small := map[string]string{
+		discoveryv1.LabelServiceName: "web",
+		discoveryv1.LabelManagedBy:   "endpointslice-controller.k8s.io",
+		"app":                        "web",
+	}
+	got := keepKey(small, discoveryv1.LabelServiceName)
+	if len(got) != 1 || got[discoveryv1.LabelServiceName] != "web" || reflect.ValueOf(got).UnsafePointer() != reflect.ValueOf(small).UnsafePointer() {
+		t.Errorf("small map: got %v, want the same map holding only the service name", got)
+	}
+	decodedKey := strings.Clone(discoveryv1.LabelServiceName)
+	for k := range keepKey(map[string]string{decodedKey: "web", "app": "web"}, discoveryv1.LabelServiceName) {
+		if unsafe.StringData(k) == unsafe.StringData(decodedKey) {
+			t.Error("the kept entry's key is the decoded copy, not the caller's string")
+		}
+	}
+	large := map[string]string{discoveryv1.LabelServiceName: "web"}
+	for i := range 12 {
+		large["label-"+strings.Repeat("x", i)] = "v"
+	}
+	got = keepKey(large, discoveryv1.LabelServiceName)
+	if len(got) != 1 || got[discoveryv1.LabelServiceName] != "web" || reflect.ValueOf(got).UnsafePointer() == reflect.ValueOf(large).UnsafePointer() {
+		t.Errorf("large map: got %v, want a new map holding only the service name", got)
+	}
+	if got := keepKey(map[string]string{"app": "web"}, discoveryv1.LabelServiceName); got != nil {
+		t.Errorf("without the key: got %v, want nil", got)
+	}
+	if got := keepKey(map[string]string{"": "x"}, ""); got != nil {
+		t.Errorf("no key asked for: got %v, want nil", got)
+	}
+}
