@@ -67,12 +67,12 @@ func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 func sampleResults() []Result {
 	rs := plainResults()
 	heap := func(inuse, startup uint64) HeapFigures {
-		return HeapFigures{PeakInuse: inuse << 20, StartupAlloc: startup << 20, PeakProfile: "/run/heap-peak.pprof", StartupProfile: "/run/allocs-startup.pprof"}
+		return HeapFigures{PeakInuse: inuse << 20, StartupAlloc: startup << 20, Profile: "/run/heap-startup.pprof"}
 	}
 	rs[2].Heap, rs[3].Heap = heap(200, 1000), heap(80, 250)
-	rs[3].Heap.PeakTop = []FuncBytes{{"k8s.io/api/discovery/v1.(*Endpoint).Unmarshal", 30 << 20}, {"runtime.malg", 1 << 20}}
-	rs[3].Heap.StartupTop = []FuncBytes{{"github.com/proxyshift/proxyshift/nodeagent/model.(*builder).endpoints", 100 << 20}}
-	rs[3].Heap.PeakTotal, rs[3].Heap.StartupTotal = 60<<20, 240<<20
+	rs[3].Heap.LiveTop = []FuncBytes{{"k8s.io/api/discovery/v1.(*Endpoint).Unmarshal", 30 << 20}, {"runtime.malg", 1 << 20}}
+	rs[3].Heap.AllocTop = []FuncBytes{{"github.com/proxyshift/proxyshift/nodeagent/model.(*builder).endpoints", 100 << 20}}
+	rs[3].Heap.LiveTotal, rs[3].Heap.AllocTotal = 60<<20, 240<<20
 	return rs
 }
 
@@ -113,7 +113,7 @@ func TestReportTargets(t *testing.T) {
 		"### where proxyshift's Go heap goes, nftables mode, 10000 services",
 		"| `k8s.io/api/discovery/v1.(*Endpoint).Unmarshal` | 31.46 MB | `github.com/proxyshift/proxyshift/nodeagent/model.(*builder).endpoints` | 104.86 MB |",
 		"| `runtime.malg` | 1.05 MB | | |",
-		"sampled peak of 80 MiB in use: the live heap at the collection before it, 60 MiB of it in the profile. Allocated from exec until the first sync settled: 240 MiB in the profile, of 250 MiB counted by the runtime.",
+		"Live: the heap at the last collection before the profile, 60 MiB in it. Allocated: everything allocated from exec until that collection, 240 MiB in it, of 250 MiB the runtime counted until the profile. The heap in use peaked at 80 MiB (sampled every 250ms from its metrics).",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)

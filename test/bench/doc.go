@@ -28,11 +28,12 @@
 // Memory (heap.go): both programs serve Go's profiles on their metrics
 // address (proxyshift's --profiling, kube-proxy's enableProfiling; the
 // only setting added for the benchmark, idle until asked). The benchmark
-// reads each one's heap every HeapSampleEvery, saves a heap profile at
-// each new peak, and an allocation profile once the first sync has
-// settled; the report gives the peaks, the bytes allocated until then,
-// and, for proxyshift at the largest size, the functions that hold and
-// allocate the most. Peak RSS is the kernel's VmHWM.
+// reads each one's heap in use every HeapSampleEvery from its metrics,
+// and takes one heap profile once the first sync has settled (none
+// during it: writing a profile costs the program CPU); the report gives
+// the peaks, the bytes allocated until then, and, for proxyshift at the
+// largest size, the functions that hold and allocate the most. Peak RSS
+// is the kernel's VmHWM.
 //
 // The report (report.go, chart.go) is Markdown tables with p50, p90,
 // p99, the maximum and the sample counts, and PNG charts drawn with

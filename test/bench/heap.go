@@ -9,55 +9,70 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/pprof/profile"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// goHeap reads a Go program's heap through its net/http/pprof handlers:
-// the agent's --profiling and kube-proxy's enableProfiling serve them on
-// the metrics address, the operator on its pprof address.
+// goHeap reads a Go program's heap: its figures from its metrics page
+// (client_golang's Go collector), its profiles from its net/http/pprof
+// handlers (the agent's --profiling and kube-proxy's enableProfiling
+// serve them on the metrics address, the operator on its pprof address).
 type goHeap struct {
 	client *http.Client
-	// base is "http://host:port", before /debug/pprof/.
-	base string
+	// pprof is "http://host:port", before /debug/pprof/; metrics the
+	// metrics page's URL.
+	pprof, metrics string
 }
 
-// memStats are the figures of runtime.MemStats the heap profile's text
-// form ends with, of which the benchmark reports two.
+// memStats are the two figures of runtime.MemStats the benchmark
+// reports, as the metrics page gives them.
 type memStats struct {
 	// HeapInuse is the bytes in spans holding objects: the heap the
-	// process holds now, live objects and garbage not yet collected.
+	// process holds now, live objects and garbage not yet collected
+	// (go_memstats_heap_inuse_bytes).
 	HeapInuse uint64
-	// TotalAlloc is every byte allocated since the process started.
+	// TotalAlloc is every byte allocated since the process started
+	// (go_memstats_alloc_bytes_total).
 	TotalAlloc uint64
 }
 
-// stats reads HeapInuse and TotalAlloc from the heap profile's text form.
+// stats reads HeapInuse and TotalAlloc from the metrics page: cheap for
+// the program, unlike a profile, so sampling it does not slow what is
+// measured.
 func (h goHeap) stats(ctx context.Context) (memStats, error) {
-	body, err := h.get(ctx, "/debug/pprof/heap?debug=1")
+	body, err := httpGet(ctx, h.client, h.metrics)
 	if err != nil {
 		return memStats{}, err
 	}
-	var s memStats
-	found := 0
-	for _, line := range strings.Split(string(body), "\n") {
-		for _, f := range []struct {
-			prefix string
-			to     *uint64
-		}{{"# HeapInuse = ", &s.HeapInuse}, {"# TotalAlloc = ", &s.TotalAlloc}} {
-			if v, ok := strings.CutPrefix(line, f.prefix); ok {
-				if *f.to, err = strconv.ParseUint(strings.TrimSpace(v), 10, 64); err != nil {
-					return memStats{}, err
-				}
-				found++
-			}
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return memStats{}, err
 	}
-	if found != 2 {
-		return memStats{}, fmt.Errorf("%s: no HeapInuse or TotalAlloc in the heap profile", h.base)
+	value := func(name string) (uint64, error) {
+		f, ok := families[name]
+		if !ok || len(f.GetMetric()) != 1 {
+			return 0, fmt.Errorf("%s: no %s", h.metrics, name)
+		}
+		m := f.GetMetric()[0]
+		switch {
+		case m.GetGauge() != nil:
+			return uint64(m.GetGauge().GetValue()), nil
+		case m.GetCounter() != nil:
+			return uint64(m.GetCounter().GetValue()), nil
+		}
+		return 0, fmt.Errorf("%s: %s is a %s", h.metrics, name, f.GetType())
+	}
+	var s memStats
+	if s.HeapInuse, err = value("go_memstats_heap_inuse_bytes"); err != nil {
+		return memStats{}, err
+	}
+	if s.TotalAlloc, err = value("go_memstats_alloc_bytes_total"); err != nil {
+		return memStats{}, err
 	}
 	return s, nil
 }
@@ -72,9 +87,11 @@ func (h goHeap) save(ctx context.Context, name, path string) error {
 	return os.WriteFile(path, body, 0o644)
 }
 
-// watch samples HeapInuse every interval until ctx ends, and saves a heap
-// profile to path each time it reaches a new peak: the profile of the
-// heap at its largest, where the peak RSS comes from. It sends the peak,
+// watch samples HeapInuse every interval until ctx ends, and, when path
+// is set, saves a heap profile there each time it reaches a new peak:
+// the profile of the heap at its largest, where the peak RSS comes from
+// (writing a profile costs the program CPU: the operator's run is long
+// enough not to mind, a program's first sync is not). It sends the peak,
 // in bytes, when ctx ends.
 func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) <-chan uint64 {
 	out := make(chan uint64, 1)
@@ -84,7 +101,9 @@ func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) 
 		for {
 			if s, err := h.stats(ctx); err == nil && s.HeapInuse > peak {
 				peak = s.HeapInuse
-				_ = h.save(ctx, "heap", path)
+				if path != "" {
+					_ = h.save(ctx, "heap", path)
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -97,7 +116,7 @@ func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) 
 }
 
 func (h goHeap) get(ctx context.Context, path string) ([]byte, error) {
-	return httpGet(ctx, h.client, h.base+path)
+	return httpGet(ctx, h.client, h.pprof+path)
 }
 
 // httpGet is the body of a GET of url through c (nil: the default

@@ -8,11 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/pprof/profile"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // retained keeps what retainHeap allocates alive until the test reads it.
@@ -28,17 +32,21 @@ func retainHeap(n int) {
 	}
 }
 
-// TestGoHeapReadsThisProcess serves this test process's own pprof
-// handlers, as the agent's --profiling does, and reads its heap through
-// them: the in-use and allocated figures grow by what the test
-// allocates, the watcher saves a profile at the peak, and the profile's
-// top names the allocating function.
+// TestGoHeapReadsThisProcess serves this test process's own metrics
+// (client_golang's Go collector, as the agent's) and pprof handlers (as
+// the agent's --profiling does) and reads its heap through them: the
+// in-use and allocated figures grow by what the test allocates, the
+// watcher saves a profile at the peak, and the profile's top names the
+// allocating function.
 func TestGoHeapReadsThisProcess(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	h := goHeap{base: srv.URL}
+	h := goHeap{pprof: srv.URL, metrics: srv.URL + "/metrics"}
 	ctx := context.Background()
 
 	before, err := h.stats(ctx)
@@ -80,8 +88,11 @@ func TestGoHeapReadsThisProcess(t *testing.T) {
 	if err := h.save(ctx, "allocs", allocs); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := TopFunctions(allocs, "alloc_space", 5); err != nil {
-		t.Errorf("allocation profile: %v", err)
+	if top, _, err := TopFunctions(allocs, "alloc_space", 5); err != nil || !slices.ContainsFunc(top, func(f FuncBytes) bool { return strings.HasSuffix(f.Func, ".retainHeap") }) {
+		t.Errorf("allocation profile's top = %+v, %v; want retainHeap in it", top, err)
+	}
+	if _, err := (goHeap{pprof: srv.URL, metrics: srv.URL + "/debug/pprof/"}).stats(ctx); err == nil {
+		t.Error("a page without the Go collector's figures read as heap figures")
 	}
 	if _, _, err := TopFunctions(allocs, "no_such_type", 5); err == nil {
 		t.Error("a sample type the profile lacks gave a top")

@@ -45,7 +45,8 @@ type Result struct {
 	// PeakRSS is the program's peak resident set size, in bytes, before
 	// any mode switch.
 	PeakRSS int64
-	// Heap is the program's Go heap, read through its profiles.
+	// Heap is the program's Go heap, read through its metrics and
+	// profiles.
 	Heap HeapFigures
 	// Ruleset is the node's `nft list ruleset` once the first sync has
 	// settled (see MeasureRuleset).
@@ -56,7 +57,9 @@ type Result struct {
 }
 
 // HeapFigures are a program's Go heap in one run, up to its mode
-// switches: sampled every HeapSampleEvery through its pprof handlers.
+// switches: HeapInuse sampled every HeapSampleEvery from its metrics, and
+// one heap profile taken once its first sync has settled (none during
+// it: writing a profile costs the program CPU).
 type HeapFigures struct {
 	// PeakInuse is the most HeapInuse sampled (the heap the process held:
 	// live objects and garbage not yet collected).
@@ -64,29 +67,29 @@ type HeapFigures struct {
 	// StartupAlloc is every byte the program allocated from exec until
 	// its first sync had settled (TotalAlloc then).
 	StartupAlloc uint64
-	// PeakProfile is the heap profile saved at the sampled peak (its
-	// in-use figures are the live heap at the last collection before
-	// it), StartupProfile the allocation profile taken with StartupAlloc:
-	// both read by go tool pprof, in the run's directory.
-	PeakProfile, StartupProfile string
-	// PeakTop and StartupTop are the functions that hold the most of the
-	// peak profile's in-use bytes and that allocated the most of the
-	// start-up profile's bytes (flat, as go tool pprof -top lists them),
-	// and PeakTotal, StartupTotal those profiles' totals.
-	PeakTop, StartupTop     []FuncBytes
-	PeakTotal, StartupTotal int64
+	// Profile is the heap profile taken with StartupAlloc, in the run's
+	// directory (go tool pprof reads it): its in-use figures are the live
+	// heap at the last collection before it, its allocation figures
+	// everything allocated until that collection.
+	Profile string
+	// LiveTop and AllocTop are the functions that hold the most of the
+	// profile's in-use bytes and that allocated the most of its bytes
+	// (flat, as go tool pprof -top lists them), LiveTotal and AllocTotal
+	// the profile's totals.
+	LiveTop, AllocTop     []FuncBytes
+	LiveTotal, AllocTotal int64
 }
 
 // heapTop is how many functions HeapFigures lists from each profile.
 const heapTop = 10
 
-// readTops fills the top functions from the saved profiles.
+// readTops fills the top functions from the saved profile.
 func (h *HeapFigures) readTops() error {
 	var err error
-	if h.PeakTop, h.PeakTotal, err = TopFunctions(h.PeakProfile, "inuse_space", heapTop); err != nil {
+	if h.LiveTop, h.LiveTotal, err = TopFunctions(h.Profile, "inuse_space", heapTop); err != nil {
 		return err
 	}
-	h.StartupTop, h.StartupTotal, err = TopFunctions(h.StartupProfile, "alloc_space", heapTop)
+	h.AllocTop, h.AllocTotal, err = TopFunctions(h.Profile, "alloc_space", heapTop)
 	return err
 }
 
@@ -216,8 +219,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	heap := run.Heap()
 	hctx, stopHeap := context.WithCancel(ctx)
 	defer stopHeap()
-	res.Heap.PeakProfile = filepath.Join(dir, "heap-peak.pprof")
-	peakHeap := heap.watch(hctx, HeapSampleEvery, res.Heap.PeakProfile)
+	peakHeap := heap.watch(hctx, HeapSampleEvery, "")
 
 	// First sync: until the last Service answers.
 	if _, err := waitAnswer(ctx, node, run, ServiceAddr(LastOrdinary(n)), netip.Addr{}, plan.SyncTimeout); err != nil {
@@ -237,11 +239,14 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return fail(err)
 	}
 	res.FirstSyncMetric, res.FirstSyncs = time.Duration(synced.Sum*float64(time.Second)), synced.Count
-	res.Heap.StartupProfile = filepath.Join(dir, "allocs-startup.pprof")
+	res.Heap.Profile = filepath.Join(dir, "heap-startup.pprof")
 	startup, err := heap.stats(ctx)
 	if err == nil {
 		res.Heap.StartupAlloc = startup.TotalAlloc
-		err = heap.save(ctx, "allocs", res.Heap.StartupProfile)
+		err = heap.save(ctx, "heap", res.Heap.Profile)
+	}
+	if err == nil {
+		err = res.Heap.readTops()
 	}
 	if err != nil {
 		return fail(fmt.Errorf("%s's heap after its first sync: %w", prog.Name, err))
@@ -308,9 +313,6 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	}
 	stopHeap()
 	res.Heap.PeakInuse = <-peakHeap
-	if err := res.Heap.readTops(); err != nil {
-		return fail(fmt.Errorf("%s's heap profiles: %w", prog.Name, err))
-	}
 	if res.PeakRSS, err = run.PeakRSS(); err != nil {
 		return fail(err)
 	}

@@ -293,7 +293,8 @@ func startOperator(env *testenv.Env, p OperatorPlan) (*operatorProcess, error) {
 		logFile.Close()
 		close(op.exited)
 	}()
-	op.metricsURL, op.pprof = "http://"+metricsAddr+"/metrics", goHeap{base: "http://" + pprofAddr}
+	op.metricsURL = "http://" + metricsAddr + "/metrics"
+	op.pprof = goHeap{pprof: "http://" + pprofAddr, metrics: op.metricsURL}
 	return op, nil
 }
 

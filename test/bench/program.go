@@ -235,10 +235,12 @@ func (r *Running) metrics(ctx context.Context) ([]byte, error) {
 	return httpGet(ctx, r.http, "http://"+r.Program.metricsAddr+"/metrics")
 }
 
-// Heap reads the program's Go heap through its pprof handlers on the
-// metrics address (both programs are started with profiling on).
+// Heap reads the program's Go heap through its metrics and its pprof
+// handlers, both on the metrics address (both programs are started with
+// profiling on).
 func (r *Running) Heap() goHeap {
-	return goHeap{client: r.http, base: "http://" + r.Program.metricsAddr}
+	base := "http://" + r.Program.metricsAddr
+	return goHeap{client: r.http, pprof: base, metrics: base + "/metrics"}
 }
 
 // Syncs reads the program's sync-duration histogram from its metrics,

@@ -356,7 +356,7 @@ func (r *Report) Markdown() string {
 	}
 	for _, mode := range r.modes() {
 		sizes := r.sizesOf(mode)
-		if ps, ok := r.lookup("proxyshift", mode, sizes[len(sizes)-1]); ok && len(ps.Heap.PeakTop) > 0 {
+		if ps, ok := r.lookup("proxyshift", mode, sizes[len(sizes)-1]); ok && len(ps.Heap.LiveTop) > 0 {
 			b.WriteString(heapMarkdown(ps))
 		}
 	}
@@ -372,24 +372,24 @@ func (r *Report) Markdown() string {
 }
 
 // heapMarkdown is the section on where a run's Go heap went: the
-// functions holding the most of it at its sampled peak and those that
-// allocated the most until the first sync settled.
+// functions holding the most of it and those that allocated the most,
+// once the first sync had settled.
 func heapMarkdown(r Result) string {
 	var b strings.Builder
 	h := r.Heap
 	fmt.Fprintf(&b, "\n### where %s's Go heap goes, %s mode, %d services\n\n", r.Program, r.Mode, r.Services)
-	fmt.Fprintf(&b, "From its heap profiles (flat bytes by function, as `go tool pprof -top` lists them; `-keep` keeps the profiles, %s and %s in the run's directory). In use at the sampled peak of %s in use: the live heap at the collection before it, %s of it in the profile. Allocated from exec until the first sync settled: %s in the profile, of %s counted by the runtime.\n\n",
-		filepath.Base(h.PeakProfile), filepath.Base(h.StartupProfile), fmtMiB(int64(h.PeakInuse)), fmtMiB(h.PeakTotal), fmtMiB(h.StartupTotal), fmtMiB(int64(h.StartupAlloc)))
-	fmt.Fprintln(&b, "| in use at the peak | | allocated at start-up | |")
+	fmt.Fprintf(&b, "From its heap profile once the first sync had settled (`-keep` keeps it: %s in the run's directory), flat bytes by function as `go tool pprof -top` lists them. Live: the heap at the last collection before the profile, %s in it. Allocated: everything allocated from exec until that collection, %s in it, of %s the runtime counted until the profile. The heap in use peaked at %s (sampled every %s from its metrics).\n\n",
+		filepath.Base(h.Profile), fmtMiB(h.LiveTotal), fmtMiB(h.AllocTotal), fmtMiB(int64(h.StartupAlloc)), fmtMiB(int64(h.PeakInuse)), HeapSampleEvery)
+	fmt.Fprintln(&b, "| live | | allocated | |")
 	fmt.Fprintln(&b, "| --- | --- | --- | --- |")
-	for i := range max(len(h.PeakTop), len(h.StartupTop)) {
+	for i := range max(len(h.LiveTop), len(h.AllocTop)) {
 		cell := func(top []FuncBytes) string {
 			if i >= len(top) {
 				return "| |"
 			}
 			return fmt.Sprintf("`%s` | %s |", top[i].Func, fmtMB(int(top[i].Bytes)))
 		}
-		fmt.Fprintf(&b, "| %s %s\n", cell(h.PeakTop), cell(h.StartupTop))
+		fmt.Fprintf(&b, "| %s %s\n", cell(h.LiveTop), cell(h.AllocTop))
 	}
 	return b.String()
 }
