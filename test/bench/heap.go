@@ -148,22 +148,22 @@ type FuncBytes struct {
 	Bytes int64
 }
 
-// TopFunctions reads the profile at path and returns the n functions with
-// the most flat bytes of the sample type (inuse_space, alloc_space), the
-// way `go tool pprof -top -sample_index=<type>` lists them, and the total
-// of that sample type.
-func TopFunctions(path, sampleType string, n int) ([]FuncBytes, int64, error) {
+// readProfile reads the profile at path (go tool pprof's format).
+func readProfile(path string) (*profile.Profile, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	p, err := profile.Parse(bytes.NewReader(b))
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return topFunctions(p, sampleType, n)
+	return p, nil
 }
 
+// topFunctions returns the n functions of p with the most flat bytes of
+// the sample type (inuse_space, alloc_space), the way `go tool pprof -top
+// -sample_index=<type>` lists them, and the total of that sample type.
 func topFunctions(p *profile.Profile, sampleType string, n int) ([]FuncBytes, int64, error) {
 	idx := slices.IndexFunc(p.SampleType, func(t *profile.ValueType) bool { return t.Type == sampleType })
 	if idx < 0 {

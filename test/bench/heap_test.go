@@ -76,7 +76,11 @@ func TestGoHeapReadsThisProcess(t *testing.T) {
 	if got := <-peak; got < 32<<20 {
 		t.Errorf("watched peak %d bytes with 32 MiB retained", got)
 	}
-	top, total, err := TopFunctions(path, "inuse_space", 5)
+	peakProfile, err := readProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, total, err := topFunctions(peakProfile, "inuse_space", 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,13 +92,17 @@ func TestGoHeapReadsThisProcess(t *testing.T) {
 	if err := h.save(ctx, "allocs", allocs); err != nil {
 		t.Fatal(err)
 	}
-	if top, _, err := TopFunctions(allocs, "alloc_space", 5); err != nil || !slices.ContainsFunc(top, func(f FuncBytes) bool { return strings.HasSuffix(f.Func, ".retainHeap") }) {
+	allocProfile, err := readProfile(allocs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top, _, err := topFunctions(allocProfile, "alloc_space", 5); err != nil || !slices.ContainsFunc(top, func(f FuncBytes) bool { return strings.HasSuffix(f.Func, ".retainHeap") }) {
 		t.Errorf("allocation profile's top = %+v, %v; want retainHeap in it", top, err)
 	}
 	if _, err := (goHeap{pprof: srv.URL, metrics: srv.URL + "/debug/pprof/"}).stats(ctx); err == nil {
 		t.Error("a page without the Go collector's figures read as heap figures")
 	}
-	if _, _, err := TopFunctions(allocs, "no_such_type", 5); err == nil {
+	if _, _, err := topFunctions(allocProfile, "no_such_type", 5); err == nil {
 		t.Error("a sample type the profile lacks gave a top")
 	}
 	if err := h.save(ctx, "nonesuch", filepath.Join(dir, "x")); err == nil {

@@ -85,11 +85,14 @@ const heapTop = 10
 
 // readTops fills the top functions from the saved profile.
 func (h *HeapFigures) readTops() error {
-	var err error
-	if h.LiveTop, h.LiveTotal, err = TopFunctions(h.Profile, "inuse_space", heapTop); err != nil {
+	p, err := readProfile(h.Profile)
+	if err != nil {
 		return err
 	}
-	h.AllocTop, h.AllocTotal, err = TopFunctions(h.Profile, "alloc_space", heapTop)
+	if h.LiveTop, h.LiveTotal, err = topFunctions(p, "inuse_space", heapTop); err != nil {
+		return err
+	}
+	h.AllocTop, h.AllocTotal, err = topFunctions(p, "alloc_space", heapTop)
 	return err
 }
 

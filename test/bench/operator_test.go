@@ -173,8 +173,9 @@ func TestOperatorBenchmarkSmall(t *testing.T) {
 	const nodes = 40
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	dir := t.TempDir()
 	res, err := RunOperator(ctx, OperatorPlan{
-		Nodes: nodes, Operator: bin, Assets: assets, Dir: t.TempDir(),
+		Nodes: nodes, Operator: bin, Assets: assets, Dir: dir,
 		MaxUnavailable: intstr.FromString("25%"), SwitchTime: 100 * time.Millisecond, SwitchJitter: 100 * time.Millisecond,
 		Timeout: 3 * time.Minute, Logf: t.Logf,
 	})
@@ -200,6 +201,14 @@ func TestOperatorBenchmarkSmall(t *testing.T) {
 	}
 	if res.PeakRSS < 10<<20 {
 		t.Errorf("peak RSS %d bytes: not the operator's", res.PeakRSS)
+	}
+	if res.PeakHeap < 1<<20 || res.PeakHeap > uint64(res.PeakRSS) {
+		t.Errorf("peak Go heap in use %d bytes beside a peak RSS of %d: not read from the operator's metrics", res.PeakHeap, res.PeakRSS)
+	}
+	if p, err := readProfile(filepath.Join(dir, HeapProfileName)); err != nil {
+		t.Errorf("the operator's heap profile at its peak: %v", err)
+	} else if top, total, err := topFunctions(p, "inuse_space", 1); err != nil || len(top) != 1 || total <= 0 {
+		t.Errorf("the operator's heap profile at its peak: top %v of %d bytes, %v", top, total, err)
 	}
 	rc := res.Reconciles["proxyshift-operator"]
 	if rc == nil || rc.Total == 0 || rc.Count == 0 || rc.Errors != 0 {
