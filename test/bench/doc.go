@@ -15,8 +15,9 @@
 // Both programs run as they ship: each gets only what the lab needs (the
 // mode, the kubeconfig, the node name, the cluster CIDR, and for
 // kube-proxy its metrics and health addresses and no conntrack sysctls,
-// and for both the profiles below), listed in the report's header; proxyshift's agent follows its node's
-// ProxyNode, which the benchmark writes as the operator would.
+// and for both the profiles below), listed in the report's header;
+// proxyshift's agent follows its node's ProxyNode, which the benchmark
+// writes as the operator would.
 //
 // The mode switch (switch.go): at the largest size, after the other
 // figures, the benchmark switches the agent's node nftables -> iptables

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // goHeap reads a Go program's heap: its figures from its metrics page
@@ -48,8 +46,7 @@ func (h goHeap) stats(ctx context.Context) (memStats, error) {
 	if err != nil {
 		return memStats{}, err
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	families, err := metricFamilies(bytes.NewReader(body))
 	if err != nil {
 		return memStats{}, err
 	}
@@ -80,7 +77,7 @@ func (h goHeap) stats(ctx context.Context) (memStats, error) {
 // save writes the named profile ("heap", "allocs"), the form go tool
 // pprof reads, to path.
 func (h goHeap) save(ctx context.Context, name, path string) error {
-	body, err := h.get(ctx, "/debug/pprof/"+name)
+	body, err := httpGet(ctx, h.client, h.pprof+"/debug/pprof/"+name)
 	if err != nil {
 		return err
 	}
@@ -113,10 +110,6 @@ func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) 
 		}
 	}()
 	return out
-}
-
-func (h goHeap) get(ctx context.Context, path string) ([]byte, error) {
-	return httpGet(ctx, h.client, h.pprof+path)
 }
 
 // httpGet is the body of a GET of url through c (nil: the default

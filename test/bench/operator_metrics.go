@@ -8,8 +8,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // Reconciles is one controller's reconcile figures from controller-runtime's
@@ -34,8 +32,7 @@ type Bucket struct {
 
 // reconcileMetrics reads every controller's figures from a metrics page.
 func reconcileMetrics(body io.Reader) (map[string]*Reconciles, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(body)
+	families, err := metricFamilies(body)
 	if err != nil {
 		return nil, err
 	}

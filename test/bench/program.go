@@ -256,10 +256,15 @@ func (r *Running) Syncs(ctx context.Context) (Histogram, bool, error) {
 	return h, ready, err
 }
 
+// metricFamilies parses a Prometheus text exposition (a metrics page).
+func metricFamilies(body io.Reader) (map[string]*dto.MetricFamily, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(body)
+}
+
 // histogram sums the histogram called name in a Prometheus text exposition.
 func histogram(body io.Reader, name string) (Histogram, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(body)
+	families, err := metricFamilies(body)
 	if err != nil {
 		return Histogram{}, err
 	}
