@@ -50,6 +50,7 @@ func main() {
 		minSyncPeriod     = flag.Duration("min-sync-period", time.Second, "Least time between two syncs of the rules.")
 		syncPeriod        = flag.Duration("sync-period", 30*time.Second, "Time between two full resyncs, which repair drift.")
 		metricsAddr       = flag.String("metrics-bind-address", "127.0.0.1:10265", "Address of the Prometheus /metrics endpoint; empty disables it. Not kube-proxy's 10249: both run on a node until it is taken over.")
+		watchList         = flag.Bool("watch-list", false, "Stream the informers' first lists of Services and EndpointSlices as watch events (client-go's WatchListClient) instead of listing them: less API-server memory per list, a slower start (the stream waits for a consistent snapshot; 0.4 to 1 s more at 10 000 Services).")
 		profiling         = flag.Bool("profiling", false, "Serve Go's runtime profiles (heap, allocations, CPU, goroutines) under /debug/pprof/ on the metrics address, like kube-proxy's enableProfiling.")
 		healthzAddr       = flag.String("healthz-bind-address", "0.0.0.0:10266", "Address of the /healthz and /livez endpoints; empty disables them. Not kube-proxy's 10256: both run on a node until it is taken over.")
 		kubeProxyHealthz  = flag.String("kube-proxy-healthz-bind-address", "0.0.0.0:10256", "kube-proxy's health address (its healthzBindAddress), IP:port: while proxyshift serves the node in kube-proxy's place, /healthz and /livez answer there as kube-proxy's do, for load balancers and kubelets that probe it. Bound only once kube-proxy is gone, released before the node is handed back. Empty disables it; Services' health-check node ports are served either way.")
@@ -74,6 +75,7 @@ func main() {
 		})
 	}
 	flag.Parse()
+	useWatchList(*watchList)
 
 	opts := agent.Options{
 		NodeName:             *nodeName,
