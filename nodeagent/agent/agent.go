@@ -163,6 +163,8 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	}))
 	refusals := newRefusalReporter(ctx, client, factory.Core().V1().Services().Lister(), opts.NodeName)
 	tracker := model.NewTracker(opts.NodeName, refusals.report)
+	// The first lists are built once, at the first sync's Snapshot.
+	tracker.DeferUntilSnapshot()
 	metrics := syncloop.NewMetrics(reg)
 	tracker.Observe(metrics)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

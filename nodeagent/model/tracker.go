@@ -61,6 +61,10 @@ type Tracker struct {
 	// triggers are the trigger times of the slice changes not yet taken
 	// by Snapshot, by slice.
 	triggers map[types.NamespacedName][]Trigger
+	// deferred, after DeferUntilSnapshot, holds the services events
+	// changed since, which the next Snapshot builds once each; nil when
+	// every event builds what it changed.
+	deferred map[ServiceName]struct{}
 }
 
 // Observer hears of the events a Tracker receives, for metrics. Its
@@ -105,6 +109,20 @@ func NewTracker(nodeName string, onError func(error)) *Tracker {
 	}
 }
 
+// DeferUntilSnapshot makes the events until the next Snapshot only note
+// the services they change, and that Snapshot build each of them once
+// (and report their errors). The informers' first lists deliver a Service
+// and its EndpointSlices as events of their own: building at each event
+// builds most services twice, once without endpoints, before the first
+// sync can start (BenchmarkInitialLists10k).
+func (t *Tracker) DeferUntilSnapshot() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.deferred == nil {
+		t.deferred = map[ServiceName]struct{}{}
+	}
+}
+
 // Observe makes o hear of the events the Tracker receives from now on; call
 // it before the first event.
 func (t *Tracker) Observe(o Observer) { t.observer = o }
@@ -116,10 +134,24 @@ func (t *Tracker) Changed() <-chan struct{} { return t.changed }
 // Snapshot returns the whole model and the names of the service ports
 // changed since the previous call, and starts a new change set. A port
 // that changed and changed back in between is named too. The returned
-// model never changes afterwards and must not be modified.
+// model never changes afterwards and must not be modified. After
+// DeferUntilSnapshot it first builds the services deferred.
 func (t *Tracker) Snapshot() (*Snapshot, ChangeSet) {
+	snap, changes, errs := t.snapshot()
+	t.report(errs)
+	return snap, changes
+}
+
+func (t *Tracker) snapshot() (*Snapshot, ChangeSet, []error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var errs []error
+	if t.deferred != nil {
+		for key := range t.deferred {
+			errs = append(errs, t.rebuild(key)...)
+		}
+		t.deferred = nil
+	}
 	if !t.shared {
 		t.shared = true
 		go func(ports map[corev1.IPFamily]map[ServicePortName]*ServicePort) {
@@ -138,7 +170,7 @@ func (t *Tracker) Snapshot() (*Snapshot, ChangeSet) {
 	case <-t.changed:
 	default:
 	}
-	return &Snapshot{Ports: t.ports, Triggers: triggers}, changes
+	return &Snapshot{Ports: t.ports, Triggers: triggers}, changes, errs
 }
 
 // OnServiceAdd records a new Service.
@@ -279,9 +311,13 @@ func (t *Tracker) update(apply func() []ServiceName) {
 	t.mu.Lock()
 	var errs []error
 	for _, key := range apply() {
+		if t.deferred != nil {
+			t.deferred[key] = struct{}{}
+			continue
+		}
 		errs = append(errs, t.rebuild(key)...)
 	}
-	pending := len(t.changes) > 0
+	pending := len(t.changes) > 0 || len(t.deferred) > 0
 	t.mu.Unlock()
 
 	if pending {
@@ -291,6 +327,11 @@ func (t *Tracker) update(apply func() []ServiceName) {
 		default:
 		}
 	}
+	t.report(errs)
+}
+
+// report hands errs to onError; call it without the lock held.
+func (t *Tracker) report(errs []error) {
 	if t.onError != nil {
 		for _, err := range errs {
 			t.onError(err)

@@ -50,3 +50,48 @@ func BenchmarkEndpointChange10k(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkInitialLists10k is the tracker's part of an agent's start: the
+// informers' first lists of 10 000 Services and their EndpointSlices (10
+// endpoints each), Services first, then the first Snapshot; each event
+// building what it changed, and deferred to that Snapshot as the agent
+// does it.
+func BenchmarkInitialLists10k(b *testing.B) {
+	const n = 10000
+	svcs := make([]*corev1.Service, n)
+	sls := make([]*discoveryv1.EndpointSlice, n)
+	for i := range n {
+		svcs[i] = service(func(s *corev1.Service) {
+			s.Name = fmt.Sprintf("svc-%d", i)
+			s.Spec.ClusterIP = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
+			s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
+		})
+		var eps []discoveryv1.Endpoint
+		for j := range 10 {
+			eps = append(eps, ep(fmt.Sprintf("10.%d.%d.%d", 1+j, i/256, i%256)))
+		}
+		sls[i] = slice(fmt.Sprintf("svc-%d-1", i), discoveryv1.AddressTypeIPv4, http(8080), eps...)
+		sls[i].Labels[discoveryv1.LabelServiceName] = svcs[i].Name
+	}
+	for _, deferred := range []bool{false, true} {
+		b.Run(map[bool]string{false: "each-event", true: "deferred"}[deferred], func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				tr := NewTracker(node, nil)
+				if deferred {
+					tr.DeferUntilSnapshot()
+				}
+				for _, svc := range svcs {
+					tr.OnServiceAdd(svc)
+				}
+				for _, s := range sls {
+					tr.OnEndpointSliceAdd(s)
+				}
+				snap, _ := tr.Snapshot()
+				if got := len(snap.Ports[corev1.IPv4Protocol]); got != n {
+					b.Fatalf("%d ports in the model, want %d", got, n)
+				}
+			}
+		})
+	}
+}

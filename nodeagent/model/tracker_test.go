@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -382,5 +383,51 @@ func TestTrackerIgnoresNil(t *testing.T) {
 	tr.OnEndpointSliceDelete(nil)
 	if snap, changes := tr.Snapshot(); len(changes) != 0 || len(modelLines(snap)) != 0 {
 		t.Errorf("nil events changed the model: %v", changeNames(changes))
+	}
+}
+
+// TestDeferUntilSnapshot: after DeferUntilSnapshot the events build
+// nothing (no model, no errors) until the next Snapshot, which holds the
+// same model as a tracker that built at every event and reports the
+// errors once; from then on every event builds again.
+func TestDeferUntilSnapshot(t *testing.T) {
+	var got []string
+	tr := NewTracker(node, func(err error) { got = append(got, err.Error()) })
+	tr.DeferUntilSnapshot()
+	each := NewTracker(node, nil)
+	bad := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"nope"} }
+	for _, feed := range []*Tracker{tr, each} {
+		feed.OnServiceAdd(service(bad))
+		feed.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+		feed.OnEndpointSliceAdd(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2")))
+	}
+	if len(tr.built) != 0 || len(tr.ports[corev1.IPv4Protocol]) != 0 || len(got) != 0 {
+		t.Fatalf("before the Snapshot: %d services built, %d ports, errors %q; want none", len(tr.built), len(tr.ports[corev1.IPv4Protocol]), got)
+	}
+	select {
+	case <-tr.Changed():
+	default:
+		t.Fatal("the deferred events did not signal Changed")
+	}
+
+	snap, changes := tr.Snapshot()
+	want, wantChanges := each.Snapshot()
+	if !reflect.DeepEqual(snap.Ports, want.Ports) || !reflect.DeepEqual(changes, wantChanges) {
+		t.Errorf("deferred Snapshot:\n%+v %v\nbuilt at each event:\n%+v %v", snap.Ports, changes, want.Ports, wantChanges)
+	}
+	if eps := snap.Ports[corev1.IPv4Protocol][ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}]; eps == nil || len(eps.Endpoints) != 2 {
+		t.Errorf("web's port in the deferred Snapshot: %+v, want both slices' endpoints", eps)
+	}
+	if want := []string{`service ns/web: spec.externalIPs[0] "nope": not an IP address`}; !slices.Equal(got, want) {
+		t.Errorf("the Snapshot reported %q, want %q", got, want)
+	}
+
+	got = nil
+	tr.OnEndpointSliceUpdate(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.3")))
+	if _, changes := tr.Snapshot(); len(changes) != 1 || len(tr.deferred) != 0 {
+		t.Errorf("an event after the Snapshot left changes %v (deferred %d), want web's port, built at the event", changes, len(tr.deferred))
+	}
+	if len(got) != 0 {
+		t.Errorf("the unchanged errors were reported again: %q", got)
 	}
 }
