@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,9 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 		// to record; the loop runs it again.
 		return nil, err
 	}
+	if req.Full && !req.Resync {
+		collectAfterFullSync()
+	}
 	if _, rest := dataplane.SplitWarnings(err); rest == nil {
 		warning, err = err, nil
 	}
@@ -180,6 +184,18 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 	}
 	return warning, err
 }
+
+// collectAfterFullSync starts a garbage collection in the background; it
+// follows every full sync but the periodic resyncs. A full sync renders
+// the whole ruleset and its transaction (at 10 000 services some 100 MB
+// allocated, tens of them live at once) that are garbage once it returns.
+// Go's collector sets its next heap goal at twice the heap it found live,
+// and a collection during the sync finds those structures live: the goal
+// it sets (200 MB in make bench, against 78 MB live once the sync was
+// over) is what the heap then grows to, the agent's peak RSS. Collected
+// when the sync is over, the goal is twice what stays. In the background,
+// so that the changes waiting behind the sync do not wait for it too.
+func collectAfterFullSync() { go runtime.GC() }
 
 type member struct {
 	mode v1alpha1.ProxyMode

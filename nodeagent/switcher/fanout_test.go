@@ -3,6 +3,7 @@ package switcher
 import (
 	"context"
 	"reflect"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -426,5 +427,66 @@ func TestAfterSyncFollowsEveryProgramming(t *testing.T) {
 	}
 	if len(got) != 2 {
 		t.Fatalf("programming a second mode beside the primary ran it: %+v", got)
+	}
+}
+
+// forcedCollections is how many garbage collections this process was
+// asked for (runtime.GC), from the runtime's own counter.
+func forcedCollections() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// waitForcedCollections waits until forcedCollections reaches want, or
+// fails the test after a few seconds.
+func waitForcedCollections(t *testing.T, want uint64, after string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for forcedCollections() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d forced collections, want %d", after, forcedCollections(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFullSyncIsFollowedByACollection checks that every full sync, the
+// primary's and a new mode's alike, is followed by a garbage collection,
+// and that changes and periodic resyncs are not.
+func TestFullSyncIsFollowedByACollection(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	snap := &model.Snapshot{}
+	nft := &countingBackend{mode: v1alpha1.ModeNFTables}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, nft, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPrimary(v1alpha1.ModeNFTables)
+	before := forcedCollections()
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: snap, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitForcedCollections(t, before+1, "the primary's full sync")
+
+	ipt := &countingBackend{mode: v1alpha1.ModeIPTables}
+	before = forcedCollections()
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, ipt, "k"); err != nil {
+		t.Fatal(err)
+	}
+	waitForcedCollections(t, before+1, "a new mode's full sync")
+
+	before = forcedCollections()
+	for _, req := range []dataplane.SyncRequest{
+		{Model: snap, Changed: model.ChangeSet{}},
+		{Model: snap, Full: true, Resync: true},
+	} {
+		if _, err := f.Sync(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // a collection started in the background would have been counted
+	if got := forcedCollections(); got != before {
+		t.Fatalf("a change and a periodic resync were followed by %d collections, want none", got-before)
 	}
 }
