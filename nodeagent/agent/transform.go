@@ -64,18 +64,17 @@ func trimService(svc *corev1.Service) {
 
 // trimEndpointSlice keeps the slice's identity, the label naming its
 // Service, the trigger-time annotation (for the programming latency), its
-// ports, and of each endpoint the addresses, conditions, node, zone and
-// hints.
+// ports, and of each endpoint the addresses, conditions, node and hints
+// (the zone of an endpoint decides nothing: its hints do).
 func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 	trimMeta(&s.ObjectMeta, discoveryv1.LabelServiceName, corev1.EndpointsLastChangeTriggerTime)
 	s.AddressType = share(s.AddressType)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
+		e.TargetRef, e.Hostname, e.DeprecatedTopology, e.Zone = nil, nil, nil, nil
 		c := &e.Conditions
 		c.Ready, c.Serving, c.Terminating = shareBool(c.Ready), shareBool(c.Serving), shareBool(c.Terminating)
 		shareIn(e.NodeName)
-		shareIn(e.Zone)
 		if h := e.Hints; h != nil {
 			for j := range h.ForZones {
 				h.ForZones[j].Name = share(h.ForZones[j].Name)

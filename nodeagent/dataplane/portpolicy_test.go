@@ -78,12 +78,12 @@ func TestNewNodePolicy(t *testing.T) {
 // Endpoints for the port policy tests: remote and local, ready and
 // terminating.
 var (
-	remote      = model.Endpoint{IP: a("10.244.2.2"), Port: 80, Ready: true, Serving: true, NodeName: "node-b"}
-	remote2     = model.Endpoint{IP: a("10.244.2.3"), Port: 80, Ready: true, Serving: true, NodeName: "node-b"}
-	here        = model.Endpoint{IP: a("10.244.1.2"), Port: 80, Ready: true, Serving: true, NodeName: "node-a", IsLocal: true}
-	draining    = model.Endpoint{IP: a("10.244.2.4"), Port: 80, Serving: true, Terminating: true, NodeName: "node-b"}
-	notServing  = model.Endpoint{IP: a("10.244.2.5"), Port: 80, Terminating: true, NodeName: "node-b"}
-	hereDrained = model.Endpoint{IP: a("10.244.1.3"), Port: 80, Serving: true, Terminating: true, NodeName: "node-a", IsLocal: true}
+	remote      = model.Endpoint{IP: a("10.244.2.2"), Port: 80, Ready: true, Serving: true}
+	remote2     = model.Endpoint{IP: a("10.244.2.3"), Port: 80, Ready: true, Serving: true}
+	here        = model.Endpoint{IP: a("10.244.1.2"), Port: 80, Ready: true, Serving: true, IsLocal: true}
+	draining    = model.Endpoint{IP: a("10.244.2.4"), Port: 80, Serving: true, Terminating: true}
+	notServing  = model.Endpoint{IP: a("10.244.2.5"), Port: 80, Terminating: true}
+	hereDrained = model.Endpoint{IP: a("10.244.1.3"), Port: 80, Serving: true, Terminating: true, IsLocal: true}
 )
 
 func TestPortPolicy(t *testing.T) {

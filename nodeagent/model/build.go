@@ -397,14 +397,12 @@ func (b *builder) endpoint(s *discoveryv1.EndpointSlice, i int, fam corev1.IPFam
 		IP:          ip,
 		Ready:       c.Ready == nil || *c.Ready,
 		Terminating: c.Terminating != nil && *c.Terminating,
-		NodeName:    deref(e.NodeName),
-		Zone:        deref(e.Zone),
+		IsLocal:     node.Name != "" && deref(e.NodeName) == node.Name,
 	}
 	ep.Serving = true
 	if c.Serving != nil {
 		ep.Serving = *c.Serving
 	}
-	ep.IsLocal = node.Name != "" && ep.NodeName == node.Name
 	if h := e.Hints; h != nil {
 		ep.ZoneHint = hintFor(h.ForZones, func(z discoveryv1.ForZone) bool { return z.Name == node.Zone })
 		ep.NodeHint = hintFor(h.ForNodes, func(n discoveryv1.ForNode) bool { return n.Name == node.Name })

@@ -96,8 +96,8 @@ func TestBuildServicePortsFull(t *testing.T) {
 		InternalPolicyLocal:      true,
 		HealthCheckNodePort:      31000,
 		Endpoints: []Endpoint{
-			{IP: addr("10.1.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: node, Zone: zone, IsLocal: true},
-			{IP: addr("10.1.0.2"), Port: 8080, Ready: true, Serving: true, NodeName: "node-b"},
+			{IP: addr("10.1.0.1"), Port: 8080, Ready: true, Serving: true, IsLocal: true},
+			{IP: addr("10.1.0.2"), Port: 8080, Ready: true, Serving: true},
 		},
 	}}
 	if !reflect.DeepEqual(got, want) {
@@ -245,8 +245,8 @@ func TestBuildEndpointConditions(t *testing.T) {
 		{"draining", []func(*discoveryv1.Endpoint){draining}, Endpoint{Serving: true, Terminating: true}},
 		{"terminating, not serving", []func(*discoveryv1.Endpoint){ready(false), serving(false), terminating(true)}, Endpoint{Terminating: true}},
 		{"ready and terminating", []func(*discoveryv1.Endpoint){ready(true), terminating(true)}, Endpoint{Ready: true, Serving: true, Terminating: true}},
-		{"local", []func(*discoveryv1.Endpoint){on(node)}, Endpoint{Ready: true, Serving: true, NodeName: node, IsLocal: true}},
-		{"remote", []func(*discoveryv1.Endpoint){on("node-b")}, Endpoint{Ready: true, Serving: true, NodeName: "node-b"}},
+		{"local", []func(*discoveryv1.Endpoint){on(node)}, Endpoint{Ready: true, Serving: true, IsLocal: true}},
+		{"remote", []func(*discoveryv1.Endpoint){on("node-b")}, Endpoint{Ready: true, Serving: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -278,14 +278,14 @@ func TestBuildDuplicatePreference(t *testing.T) {
 		a, b []func(*discoveryv1.Endpoint)
 		want Endpoint
 	}{
-		{"ready beats not ready", []func(*discoveryv1.Endpoint){ready(false), on("old")}, []func(*discoveryv1.Endpoint){on("new")},
-			Endpoint{Ready: true, Serving: true, NodeName: "new"}},
-		{"ready beats draining", []func(*discoveryv1.Endpoint){draining, on("old")}, []func(*discoveryv1.Endpoint){ready(true), on("new")},
-			Endpoint{Ready: true, Serving: true, NodeName: "new"}},
-		{"not terminating beats terminating", []func(*discoveryv1.Endpoint){ready(true), terminating(true), on("old")}, []func(*discoveryv1.Endpoint){ready(true), on("new")},
-			Endpoint{Ready: true, Serving: true, NodeName: "new"}},
-		{"draining beats not serving", []func(*discoveryv1.Endpoint){ready(false), serving(false), terminating(true), on("old")}, []func(*discoveryv1.Endpoint){draining, on("new")},
-			Endpoint{Serving: true, Terminating: true, NodeName: "new"}},
+		{"ready beats not ready", []func(*discoveryv1.Endpoint){ready(false), on("old")}, []func(*discoveryv1.Endpoint){on(node)},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}},
+		{"ready beats draining", []func(*discoveryv1.Endpoint){draining, on("old")}, []func(*discoveryv1.Endpoint){ready(true), on(node)},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}},
+		{"not terminating beats terminating", []func(*discoveryv1.Endpoint){ready(true), terminating(true), on("old")}, []func(*discoveryv1.Endpoint){ready(true), on(node)},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}},
+		{"draining beats not serving", []func(*discoveryv1.Endpoint){ready(false), serving(false), terminating(true), on("old")}, []func(*discoveryv1.Endpoint){draining, on(node)},
+			Endpoint{Serving: true, Terminating: true, IsLocal: true}},
 	}
 	for _, tt := range tests {
 		for _, order := range [][2]string{{"a", "b"}, {"b", "a"}} {
@@ -309,7 +309,8 @@ func TestBuildDuplicatePreference(t *testing.T) {
 // preferred, the one in the slice first by name wins, whatever order the
 // slices come in; and the endpoints come out sorted, each once.
 func TestBuildDuplicateTie(t *testing.T) {
-	a := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2", on("a")), ep("10.1.0.1", on("a")))
+	// Slice a's endpoints are on this node, slice b's elsewhere.
+	a := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2", on(node)), ep("10.1.0.1", on(node)))
 	b := slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", on("b")), ep("10.1.0.3", on("b")), ep("10.1.0.2", on("b")))
 	for _, in := range [][]*discoveryv1.EndpointSlice{{a, b}, {b, a}} {
 		got, errs := BuildServicePorts(service(), in, Node{Name: node})
@@ -318,9 +319,13 @@ func TestBuildDuplicateTie(t *testing.T) {
 		}
 		var seen []string
 		for _, e := range got[0].Endpoints {
-			seen = append(seen, e.String()+" on "+e.NodeName)
+			from := "b"
+			if e.IsLocal {
+				from = "a"
+			}
+			seen = append(seen, e.String()+" from "+from)
 		}
-		want := []string{"10.1.0.1:8080 on a", "10.1.0.2:8080 on a", "10.1.0.3:8080 on b"}
+		want := []string{"10.1.0.1:8080 from a", "10.1.0.2:8080 from a", "10.1.0.3:8080 from b"}
 		if !slices.Equal(seen, want) {
 			t.Errorf("slices %s, %s: endpoints %v, want %v", in[0].Name, in[1].Name, seen, want)
 		}

@@ -129,10 +129,12 @@ func (c claimant) before(o claimant) bool {
 // and shares its lock.
 type claims struct {
 	// clusterIPs maps a cluster IP to the Services that have it (one, but
-	// the index does not rely on the API server for that).
-	clusterIPs map[netip.Addr]map[ServiceName]struct{}
+	// the index does not rely on the API server for that). Lists, not
+	// sets: nearly every address has one Service, and a map per address
+	// took 4 MB at 10 000 Services.
+	clusterIPs map[netip.Addr][]ServiceName
 	// external maps an external address to the Services naming it.
-	external map[netip.Addr]map[ServiceName]struct{}
+	external map[netip.Addr][]ServiceName
 	// node holds the node's own addresses.
 	node map[netip.Addr]bool
 	// nodeName names the node in refusals.
@@ -141,8 +143,8 @@ type claims struct {
 
 func newClaims(nodeName string) *claims {
 	return &claims{
-		clusterIPs: map[netip.Addr]map[ServiceName]struct{}{},
-		external:   map[netip.Addr]map[ServiceName]struct{}{},
+		clusterIPs: map[netip.Addr][]ServiceName{},
+		external:   map[netip.Addr][]ServiceName{},
 		node:       map[netip.Addr]bool{},
 		nodeName:   nodeName,
 	}
@@ -158,20 +160,17 @@ func (c *claims) index(svc ServiceName, old, new []claimKey) []ServiceName {
 	}
 	for _, k := range old {
 		m := c.byKind(k.kind)
-		delete(m[k.addr], svc)
-		if len(m[k.addr]) == 0 {
+		if m[k.addr] = slices.DeleteFunc(m[k.addr], func(s ServiceName) bool { return s == svc }); len(m[k.addr]) == 0 {
 			delete(m, k.addr)
 		}
 	}
 	for _, k := range new {
-		m := c.byKind(k.kind)
-		if m[k.addr] == nil {
-			m[k.addr] = map[ServiceName]struct{}{}
+		if m := c.byKind(k.kind); !slices.Contains(m[k.addr], svc) {
+			m[k.addr] = append(m[k.addr], svc)
 		}
-		m[k.addr][svc] = struct{}{}
 	}
 	for _, k := range append(slices.Clone(old), new...) {
-		for other := range c.external[k.addr] {
+		for _, other := range c.external[k.addr] {
 			if !slices.Contains(affected, other) {
 				affected = append(affected, other)
 			}
@@ -180,7 +179,7 @@ func (c *claims) index(svc ServiceName, old, new []claimKey) []ServiceName {
 	return affected
 }
 
-func (c *claims) byKind(k addrKind) map[netip.Addr]map[ServiceName]struct{} {
+func (c *claims) byKind(k addrKind) map[netip.Addr][]ServiceName {
 	if k == kindCluster {
 		return c.clusterIPs
 	}
@@ -208,7 +207,7 @@ func (c *claims) setNode(addrs []netip.Addr) []ServiceName {
 	c.node = next
 	var affected []ServiceName
 	for _, a := range changed {
-		for svc := range c.external[a] {
+		for _, svc := range c.external[a] {
 			if !slices.Contains(affected, svc) {
 				affected = append(affected, svc)
 			}
@@ -278,7 +277,7 @@ func (c *claims) keep(svc ServiceName, sp *ServicePort, kind addrKind, addrs []n
 // so the message never depends on map order.
 func (c *claims) refuse(svc ServiceName, sp *ServicePort, kind addrKind, addr netip.Addr, src claimSource) *Refusal {
 	var owners []ServiceName
-	for owner := range c.clusterIPs[addr] {
+	for _, owner := range c.clusterIPs[addr] {
 		if owner != svc {
 			owners = append(owners, owner)
 		}
@@ -292,7 +291,7 @@ func (c *claims) refuse(svc ServiceName, sp *ServicePort, kind addrKind, addr ne
 	}
 	me := claimant{kind: kind, created: src.created(svc), name: svc}
 	var first *claimant
-	for other := range c.external[addr] {
+	for _, other := range c.external[addr] {
 		if other == svc {
 			continue
 		}

@@ -34,9 +34,11 @@ type Tracker struct {
 
 	mu       sync.Mutex
 	services map[ServiceName]*corev1.Service
-	// slices holds each service's EndpointSlices by slice name, also for
-	// services not seen yet; owner maps a slice back to its service.
-	slices map[ServiceName]map[string]*discoveryv1.EndpointSlice
+	// slices holds each service's EndpointSlices (one name once each),
+	// also for services not seen yet; owner maps a slice back to its
+	// service. A list, not a map by name: most services have one slice,
+	// and a map for each took 3 MB at 10 000 services.
+	slices map[ServiceName][]*discoveryv1.EndpointSlice
 	owner  map[types.NamespacedName]ServiceName
 	// built is each service's last build and buildErrs its errors;
 	// published is what of it the model holds (the build without the
@@ -92,7 +94,7 @@ func NewTracker(nodeName string, onError func(error)) *Tracker {
 		spare:     make(chan map[corev1.IPFamily]map[ServicePortName]*ServicePort, 1),
 		start:     time.Now(),
 		services:  map[ServiceName]*corev1.Service{},
-		slices:    map[ServiceName]map[string]*discoveryv1.EndpointSlice{},
+		slices:    map[ServiceName][]*discoveryv1.EndpointSlice{},
 		owner:     map[types.NamespacedName]ServiceName{},
 		built:     map[ServiceName][]*ServicePort{},
 		buildErrs: map[ServiceName][]error{},
@@ -225,10 +227,7 @@ func (t *Tracker) OnEndpointSliceUpdate(s *discoveryv1.EndpointSlice) {
 			t.triggers[id] = append(t.triggers[id], tr)
 		}
 		key := ServiceName{Namespace: s.Namespace, Name: name}
-		if t.slices[key] == nil {
-			t.slices[key] = map[string]*discoveryv1.EndpointSlice{}
-		}
-		t.slices[key][s.Name] = s
+		t.slices[key] = append(t.slices[key], s)
 		t.owner[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = key
 		return append(affected, key)
 	})
@@ -298,9 +297,11 @@ func (t *Tracker) removeSlice(s *discoveryv1.EndpointSlice) []ServiceName {
 		return nil
 	}
 	delete(t.owner, id)
-	delete(t.slices[key], s.Name)
-	if len(t.slices[key]) == 0 {
+	rest := slices.DeleteFunc(t.slices[key], func(o *discoveryv1.EndpointSlice) bool { return o.Name == s.Name })
+	if len(rest) == 0 {
 		delete(t.slices, key)
+	} else {
+		t.slices[key] = rest
 	}
 	return []ServiceName{key}
 }
@@ -385,7 +386,7 @@ func (t *Tracker) rebuild(key ServiceName) []error {
 	var ports []*ServicePort
 	var errs []error
 	if svc := t.services[key]; svc != nil {
-		ports, errs = BuildServicePorts(svc, slices.Collect(maps.Values(t.slices[key])), t.node)
+		ports, errs = BuildServicePorts(svc, t.slices[key], t.node)
 	}
 	oldKeys := claimKeys(t.built[key])
 	setOrDelete(t.built, key, ports, len(ports) > 0)

@@ -54,9 +54,10 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	NodeName    string
-	Zone        string
-	// IsLocal says the endpoint runs on this node.
+	// IsLocal says the endpoint runs on this node (its nodeName is the
+	// node's). The node and zone names themselves are not kept: what they
+	// decide is resolved when the model is built (IsLocal and the hints
+	// below), and 100 000 endpoints held 3 MB of them.
 	IsLocal bool
 	// ZoneHint and NodeHint say what the endpoint's topology hints
 	// (hints.forZones and hints.forNodes in its EndpointSlice, which the

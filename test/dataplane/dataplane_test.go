@@ -221,11 +221,7 @@ func claimed(p pods, fam ipFamily) map[model.ServicePortName]*model.ServicePort 
 
 // endpoint is pod p as an endpoint in family fam, on this node if local.
 func endpoint(fam ipFamily, p *netlab.Pod, local bool) model.Endpoint {
-	node := "node-1"
-	if !local {
-		node = "node-2"
-	}
-	return model.Endpoint{IP: fam.addr(p.IP), Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: node, IsLocal: local}
+	return model.Endpoint{IP: fam.addr(p.IP), Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: local}
 }
 
 // snapshot is a model holding ports, in their family (that of any of

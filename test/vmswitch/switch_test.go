@@ -182,7 +182,7 @@ func web(pods []netip.Addr) *model.Snapshot {
 		ClusterIP: webIP, Protocol: corev1.ProtocolTCP, Port: 80, NodePort: int32(nodePort.Port()),
 	}
 	for _, ip := range pods {
-		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: ip, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true})
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: ip, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true})
 	}
 	return &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{
 		corev1.IPv4Protocol: {sp.Name: sp},

@@ -49,7 +49,7 @@ func Svc(ns, name, port, clusterIP string, number int32, opts ...PortOpt) *model
 // EP adds a ready, serving endpoint on another node, changed by opts.
 func EP(ip string, port int32, opts ...EndpointOpt) PortOpt {
 	return func(sp *model.ServicePort) {
-		e := model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, NodeName: "node-b"}
+		e := model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true}
 		for _, o := range opts {
 			o(&e)
 		}
@@ -60,7 +60,7 @@ func EP(ip string, port int32, opts ...EndpointOpt) PortOpt {
 // The endpoint options.
 var (
 	// Local puts the endpoint on this node.
-	Local EndpointOpt = func(e *model.Endpoint) { e.IsLocal, e.NodeName = true, "node-a" }
+	Local EndpointOpt = func(e *model.Endpoint) { e.IsLocal = true }
 	// Terminating makes it terminating (not ready, still serving).
 	Terminating EndpointOpt = func(e *model.Endpoint) { e.Ready, e.Terminating = false, true }
 	// NotServing makes it not serving.

@@ -83,7 +83,7 @@ func newLabBackend(t *testing.T, lab *netlab.Lab, opts ...Option) *Backend {
 func labService(name, ip string, pods ...*netlab.Pod) *model.ServicePort {
 	sp := dt.Svc("lab", name, "p", ip, 80)
 	for _, p := range pods {
-		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true})
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: p.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true})
 	}
 	return sp
 }

@@ -117,7 +117,7 @@ func checkLeastConnection(t *testing.T, lab *netlab.Lab, b *Backend, sp *model.S
 		held = append(held, s)
 	}
 	podB := lab.Node.AddPod(t, "pod-b")
-	sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true})
+	sp.Endpoints = append(sp.Endpoints, model.Endpoint{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true})
 	mustSync(t, b, dataplane.SyncRequest{Model: snapshotOf(sp), Changed: model.ChangeSet{sp.Name: {}}})
 	const n = 10
 	tally := lab.Client.NS.Spread(netlab.TCP, vip("198.19.0.60"), n, okTimeout)

@@ -41,7 +41,7 @@ func TestKernelClusterIPMasquerade(t *testing.T) {
 			}
 			serviceIP := netip.MustParseAddr("198.19.0.10")
 			sp := dt.Svc("default", "web", "http", serviceIP.String(), 80)
-			sp.Endpoints = []model.Endpoint{{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, NodeName: "node-1", IsLocal: true}}
+			sp.Endpoints = []model.Endpoint{{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true}}
 			m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
 			if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 				t.Fatal(err)
