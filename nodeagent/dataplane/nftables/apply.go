@@ -44,7 +44,7 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 		case opDelSet:
 			conn.DelSet(&nftables.Set{Table: table, Name: o.name})
 		case opAddElems:
-			if err := nft.AddElements(t, o.set.kernel(table), (*element).kernel, o.elems...); err != nil {
+			if err := nft.AddElements(t, o.set.kernel(table), (*element).kernel, o.pieces()...); err != nil {
 				return err
 			}
 		case opDelElems:

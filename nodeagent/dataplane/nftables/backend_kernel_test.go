@@ -118,7 +118,7 @@ func viewOf(rs *ruleset) tableView {
 			continue
 		}
 		elems := []string{}
-		for _, e := range slices.Concat(objs.elems[s.name]...) {
+		for _, e := range slices.Concat(objs.pieces(s.name)...) {
 			d := hex.EncodeToString(e.key())
 			if e.verdict != nil {
 				d += " : " + e.verdict.String()

@@ -17,7 +17,7 @@ func (rs *ruleset) String() string {
 	fmt.Fprintf(&b, "table %s %s {\n", rs.f.Name, TableName)
 	objs := rs.objects()
 	for _, name := range slices.Sorted(maps.Keys(objs.sets)) {
-		elems := slices.Concat(objs.elems[name]...)
+		elems := slices.Concat(objs.pieces(name)...)
 		slices.SortFunc(elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
 		objs.sets[name].dump(&b, elems)
 	}
@@ -30,12 +30,37 @@ func (rs *ruleset) String() string {
 
 // wanted are the chains and sets a ruleset puts in the kernel, and each
 // set's elements in pieces (its own, then each port's), gathered without
-// copying an element: a full sync writes them (at 10k services 100 000
-// endpoint elements) and a resync compares them.
+// copying an element: a full sync writes them and a resync compares them.
+// The ports' elements in the service-endpoints maps (100 000 at 10k
+// services) are not gathered but made one map at a time, when it is
+// written or compared (pieces): all of them at once were 14 MB of the
+// agent's heap while a full sync was under way.
 type wanted struct {
 	chains map[string]*chain
 	sets   map[string]*set
 	elems  map[string][][]element
+	// endpoints are the ports whose endpoint elements a
+	// service-endpoints map holds, by its name.
+	endpoints map[string][]*portObjects
+}
+
+// pieces are the elements of set name in pieces: its gathered ones, then
+// the endpoint elements of each port it holds, made now.
+func (w wanted) pieces(name string) [][]element {
+	return withEndpointElems(w.elems[name], w.endpoints[name])
+}
+
+// withEndpointElems is pieces followed by the endpoint elements of each
+// of ports, made now.
+func withEndpointElems(pieces [][]element, ports []*portObjects) [][]element {
+	if len(ports) == 0 {
+		return pieces
+	}
+	out := slices.Clip(pieces)
+	for _, objs := range ports {
+		out = append(out, objs.endpointElems())
+	}
+	return out
 }
 
 // objects gathers what rs puts in the kernel. The ports' pieces come in
@@ -44,7 +69,7 @@ type wanted struct {
 // elements are one piece, each once: ports with an endpoint in common
 // hold the same element.
 func (rs *ruleset) objects() wanted {
-	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
+	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}, endpoints: map[string][]*portObjects{}}
 	add := func(s *set) {
 		w.sets[s.name] = s
 		if len(s.elems) > 0 {
@@ -79,7 +104,7 @@ func (rs *ruleset) objects() wanted {
 			if w.sets[m.name] == nil {
 				w.sets[m.name] = m
 			}
-			w.elems[m.name] = append(w.elems[m.name], objs.endpointElems())
+			w.endpoints[m.name] = append(w.endpoints[m.name], objs)
 		}
 	}
 	if len(hairpin) > 0 {

@@ -40,10 +40,17 @@ type op struct {
 	rule  rule
 	// set is the definition for opAddSet and the set elements are written
 	// to or deleted from; elems are those elements, in pieces (a full
-	// sync's are gathered from every port without copying them).
+	// sync's are gathered from every port without copying them), and
+	// ports the ports whose endpoint elements follow them, made when the
+	// op is queued (see wanted); pieces has them all.
 	set   *set
 	elems [][]element
+	ports []*portObjects
 }
+
+// pieces are the op's elements in pieces, the ports' endpoint elements
+// made now.
+func (o op) pieces() [][]element { return withEndpointElems(o.elems, o.ports) }
 
 // String renders the op in nft's command syntax, without the family and
 // table.
@@ -56,7 +63,7 @@ func (o op) String() string {
 	}
 	elems := func() string {
 		var s []string
-		for _, p := range o.elems {
+		for _, p := range o.pieces() {
 			for _, e := range p {
 				s = append(s, e.String())
 			}
@@ -157,8 +164,8 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 		ops = appendRules(ops, c)
 	}
 	for _, name := range setNames {
-		if s := sets[name]; !s.dynamic() && len(want.elems[name]) > 0 {
-			ops = append(ops, op{kind: opAddElems, name: name, set: s, elems: want.elems[name]})
+		if s := sets[name]; !s.dynamic() && len(want.elems[name])+len(want.endpoints[name]) > 0 {
+			ops = append(ops, op{kind: opAddElems, name: name, set: s, elems: want.elems[name], ports: want.endpoints[name]})
 		}
 	}
 	return ops, stale

@@ -90,7 +90,7 @@ func TestEndpointChangesAddNoRule(t *testing.T) {
 			switch {
 			case o.kind == opAddRule, o.kind == opAddChain, o.kind == opAddSet:
 				t.Errorf("endpoint change: %s", o)
-			case o.kind == opAddElems && slices.ContainsFunc(slices.Concat(o.elems...), func(e element) bool { return e.verdict != nil }):
+			case o.kind == opAddElems && slices.ContainsFunc(slices.Concat(o.pieces()...), func(e element) bool { return e.verdict != nil }):
 				t.Errorf("endpoint change adds a verdict: %s", o)
 			}
 		}
@@ -180,7 +180,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 					return o.name == endpointMapName(id) && key >= first && key < first+numgenRange
 				})
 			}
-			for _, e := range slices.Concat(o.elems...) {
+			for _, e := range slices.Concat(o.pieces()...) {
 				if !ownedByChanged(e) {
 					t.Errorf("op touches another port's endpoint: %s", s)
 				}
@@ -189,7 +189,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		}
 		if o.name == setHairpin {
 			// a's and b's endpoints go (no other port has them).
-			for _, e := range slices.Concat(o.elems...) {
+			for _, e := range slices.Concat(o.pieces()...) {
 				if !strings.HasPrefix(e.text, ports[a].Endpoints[0].IP.String()+" ") && !strings.HasPrefix(e.text, ports[b].Endpoints[0].IP.String()+" ") {
 					t.Errorf("op touches another port's hairpin element: %s", s)
 				}
@@ -200,7 +200,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			// Elements of shared maps must all belong to a changed port:
 			// they go to its chains, carry its name, or (cluster-ip-ports)
 			// are its cluster IP's key.
-			for _, e := range slices.Concat(o.elems...) {
+			for _, e := range slices.Concat(o.pieces()...) {
 				if !slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
 					n := namesFor(name)
 					if e.verdict == nil {

@@ -150,7 +150,7 @@ func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nfta
 		if err != nil {
 			return "", err
 		}
-		if why := compareElements(s, want.elems[name], elems); why != "" {
+		if why := compareElements(s, want.pieces(name), elems); why != "" {
 			return "set " + name + " " + why, nil
 		}
 		p.set = name
