@@ -319,10 +319,11 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 				nextID++
 			}
 			nw = renderPort(f, sp, np, id)
-			for m, elems := range nw.shared {
-				kept := elems[:0]
-				for _, e := range elems {
-					if owner, ok := st.claims[m][e.keyText()]; ok && owner != name {
+			for i := range nw.shared {
+				sh := &nw.shared[i]
+				kept := sh.elems[:0]
+				for _, e := range sh.elems {
+					if owner, ok := st.claims[sh.set][e.keyText()]; ok && owner != name {
 						if _, alsoChanged := changed[owner]; !alsoChanged {
 							contested = true
 							continue
@@ -330,7 +331,7 @@ func planChanges(f *family, st *familyState, ports map[model.ServicePortName]*mo
 					}
 					kept = append(kept, e)
 				}
-				nw.shared[m] = kept
+				sh.elems = kept
 			}
 			if batch.claim(name, nw) {
 				contested = true
@@ -618,8 +619,8 @@ func (rs *ruleset) counts() dataplane.Counts {
 func (objs *portObjects) counts() dataplane.Counts {
 	var c dataplane.Counts
 	shared := 0
-	for _, elems := range objs.shared {
-		shared += len(elems)
+	for _, sh := range objs.shared {
+		shared += len(sh.elems)
 	}
 	if shared > 0 {
 		c.Services++

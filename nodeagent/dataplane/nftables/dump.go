@@ -91,8 +91,8 @@ func (rs *ruleset) objects() wanted {
 		for _, s := range objs.sets {
 			add(s)
 		}
-		for m, elems := range objs.shared {
-			w.elems[m] = append(w.elems[m], elems)
+		for _, sh := range objs.shared {
+			w.elems[sh.set] = append(w.elems[sh.set], sh.elems)
 		}
 		for _, e := range objs.hairpin {
 			if !hairpinSeen[e.keyText()] {

@@ -230,13 +230,13 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 		// Shared maps: delete what goes away or changes, add what is new
 		// or changed. Comparing whole elements (key, verdict, comment)
 		// turns a changed verdict into a delete and an add.
-		for _, m := range slices.Sorted(maps.Keys(old.shared)) {
-			if gone := missing(old.shared[m], nw.shared[m]); len(gone) > 0 {
+		for _, m := range old.shared.sets() {
+			if gone := missing(old.shared.of(m), nw.shared.of(m)); len(gone) > 0 {
 				delElems = append(delElems, op{kind: opDelElems, name: m, set: sharedMap(m), elems: [][]element{gone}})
 			}
 		}
-		for _, m := range slices.Sorted(maps.Keys(nw.shared)) {
-			if added := missing(nw.shared[m], old.shared[m]); len(added) > 0 {
+		for _, m := range nw.shared.sets() {
+			if added := missing(nw.shared.of(m), old.shared.of(m)); len(added) > 0 {
 				addElems = append(addElems, op{kind: opAddElems, name: m, set: sharedMap(m), elems: [][]element{added}})
 			}
 		}

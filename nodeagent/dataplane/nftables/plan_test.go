@@ -263,7 +263,7 @@ func TestSharedKeyConflicts(t *testing.T) {
 	rs, claims := render(ipv4, dt.PortsOf(first, second), np)
 	owner := func(rs *ruleset) string {
 		for name, objs := range rs.ports {
-			for _, e := range objs.shared[mapServiceIPs] {
+			for _, e := range objs.shared.of(mapServiceIPs) {
 				if strings.HasPrefix(e.text, "198.18.50.5 ") {
 					return name.Name
 				}

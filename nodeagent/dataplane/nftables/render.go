@@ -78,13 +78,15 @@ type claimIndex map[string]map[string]model.ServicePortName
 // objs those another port holds, and duplicates. It says whether another
 // port held one of them.
 func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) (contested bool) {
-	for m, elems := range objs.shared {
+	for i := range objs.shared {
+		sh := &objs.shared[i]
+		m := sh.set
 		if c[m] == nil {
 			c[m] = map[string]model.ServicePortName{}
 		}
-		kept := elems[:0]
+		kept := sh.elems[:0]
 		seen := map[string]bool{}
-		for _, e := range elems {
+		for _, e := range sh.elems {
 			key := e.keyText()
 			if owner, ok := c[m][key]; seen[key] || ok && owner != name {
 				contested = contested || !seen[key]
@@ -94,17 +96,17 @@ func (c claimIndex) claim(name model.ServicePortName, objs *portObjects) (contes
 			c[m][key] = name
 			kept = append(kept, e)
 		}
-		objs.shared[m] = kept
+		sh.elems = kept
 	}
 	return contested
 }
 
 // release gives up name's keys in objs.
 func (c claimIndex) release(name model.ServicePortName, objs *portObjects) {
-	for m, elems := range objs.shared {
-		for _, e := range elems {
-			if key := e.keyText(); c[m][key] == name {
-				delete(c[m], key)
+	for _, sh := range objs.shared {
+		for _, e := range sh.elems {
+			if key := e.keyText(); c[sh.set][key] == name {
+				delete(c[sh.set], key)
 			}
 		}
 	}
@@ -260,7 +262,7 @@ func choiceKey(choice uint32) uint32 {
 func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id uint32) *portObjects {
 	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
-	objs := &portObjects{shared: map[string][]element{}, id: id}
+	objs := &portObjects{id: id}
 	proto := nft.ProtoNumber(sp.Protocol)
 	protoText := nft.ProtoName(proto)
 	r := func() *nft.Builder { return nft.NewRule(f) }
@@ -270,7 +272,7 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		if v != nil && portHash(v.Chain) == "" {
 			e.comment = n.comment
 		}
-		objs.shared[m] = append(objs.shared[m], e)
+		objs.shared.add(m, e)
 	}
 	addrKey := func(addr netip.Addr) ([]byte, string) {
 		return addrProtoPortKey(f, addr, proto, sp.Port), addr.String() + " . " + protoText + " . " + itoa(sp.Port)
