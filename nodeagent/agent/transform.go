@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"slices"
+	"strings"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,7 +76,6 @@ func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 		e.TargetRef, e.Hostname, e.DeprecatedTopology, e.Zone = nil, nil, nil, nil
 		c := &e.Conditions
 		c.Ready, c.Serving, c.Terminating = shareBool(c.Ready), shareBool(c.Serving), shareBool(c.Terminating)
-		shareIn(e.NodeName)
 		if h := e.Hints; h != nil {
 			for j := range h.ForZones {
 				h.ForZones[j].Name = share(h.ForZones[j].Name)
@@ -96,6 +97,60 @@ func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 		fit := make([]discoveryv1.Endpoint, len(s.Endpoints))
 		copy(fit, s.Endpoints)
 		s.Endpoints = fit
+	}
+	packAddresses(s.Endpoints)
+	shareNodeNames(s.Endpoints)
+}
+
+// packAddresses puts the addresses of every endpoint of a slice in one
+// list and their text in one string. The decoder gives each endpoint a
+// list of its own and each address a string of its own: two allocations
+// an endpoint, 3.2 MB at 100 000 endpoints. Each endpoint's part of the
+// list is capped, so that an append never reaches its neighbour's.
+func packAddresses(eps []discoveryv1.Endpoint) {
+	n, size := 0, 0
+	for _, e := range eps {
+		n += len(e.Addresses)
+		for _, a := range e.Addresses {
+			size += len(a)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, e := range eps {
+		for _, a := range e.Addresses {
+			b.WriteString(a)
+		}
+	}
+	text, all, at := b.String(), make([]string, 0, n), 0
+	for i := range eps {
+		first := len(all)
+		for _, a := range eps[i].Addresses {
+			all = append(all, text[at:at+len(a)])
+			at += len(a)
+		}
+		eps[i].Addresses = all[first:len(all):len(all)]
+	}
+}
+
+// shareNodeNames makes the endpoints of a slice on one node point to one
+// copy of its name: the decoder allocates a pointer for each.
+func shareNodeNames(eps []discoveryv1.Endpoint) {
+	var seen []*string
+	for i := range eps {
+		p := eps[i].NodeName
+		if p == nil {
+			continue
+		}
+		*p = share(*p)
+		if j := slices.IndexFunc(seen, func(q *string) bool { return *q == *p }); j >= 0 {
+			eps[i].NodeName = seen[j]
+		} else {
+			seen = append(seen, p)
+		}
 	}
 }
 

@@ -166,6 +166,20 @@ func TestTrimSharesWhatObjectsHoldAlike(t *testing.T) {
 	same("node name", *e1.NodeName, *e2.NodeName)
 	same("port name", svc1.Spec.Ports[0].Name, svc2.Spec.Ports[0].Name)
 	same("service type", string(svc1.Spec.Type), string(svc2.Spec.Type))
+	// Within a slice: endpoints on one node, one pointer to its name; the
+	// addresses in one list and one string, each endpoint's part capped.
+	_, slice3 := fullObjects()
+	slice3.Endpoints[1].NodeName = ptr.To(strings.Clone(*slice3.Endpoints[0].NodeName))
+	_, _ = trimObject(slice3)
+	a, b := slice3.Endpoints[0], slice3.Endpoints[1]
+	if a.NodeName != b.NodeName {
+		t.Error("two endpoints on one node point to two copies of its name")
+	}
+	next := unsafe.Add(unsafe.Pointer(unsafe.SliceData(a.Addresses)), unsafe.Sizeof("")*uintptr(len(a.Addresses)))
+	if cap(a.Addresses) != len(a.Addresses) || unsafe.Pointer(unsafe.SliceData(b.Addresses)) != next ||
+		unsafe.Pointer(unsafe.StringData(b.Addresses[0])) != unsafe.Add(unsafe.Pointer(unsafe.StringData(a.Addresses[0])), len(a.Addresses[0])) {
+		t.Errorf("the endpoints' addresses are not packed in one list and one string: %q (cap %d), %q", a.Addresses, cap(a.Addresses), b.Addresses)
+	}
 	if e1.Conditions.Ready != e2.Conditions.Ready || e1.Conditions.Ready == slice1.Endpoints[1].Conditions.Ready {
 		t.Error("the endpoints' conditions do not point to one variable per value")
 	}
