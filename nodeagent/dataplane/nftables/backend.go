@@ -237,6 +237,7 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 		}
 		stale = nil
 	}
+	rs.written()
 	b.state[f] = &familyState{rs: rs, claims: claims, counts: rs.counts()}
 	b.stale[f] = map[string]bool{}
 	for _, c := range stale {
@@ -255,6 +256,11 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 	ops, stale := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
 	if err := b.commit(f, ops); err != nil {
 		return err
+	}
+	for _, ch := range changes {
+		if ch.new != nil {
+			ch.new.written()
+		}
 	}
 	st.counts.Rules -= len(st.rs.hairpin)
 	for _, ch := range changes {

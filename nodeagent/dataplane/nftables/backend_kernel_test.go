@@ -412,6 +412,15 @@ func TestKernelIncrementalSync(t *testing.T) {
 	if kv, _ := kernelView(t, ns, conn, ipv4); kv.chains[oldChain] != "" {
 		t.Errorf("old endpoint chain %s is still there", oldChain)
 	}
+	// What the backend keeps of its syncs, full and incremental, is rules
+	// by their text, not their expressions (ruleset.written).
+	for _, c := range append(b.state[ipv4].rs.allChains(), b.state[ipv6].rs.allChains()...) {
+		for _, r := range c.Rules {
+			if r.Text == "" || r.Exprs != nil {
+				t.Fatalf("chain %s keeps rule %q with %d expressions after its sync", c.Name, r.Text, len(r.Exprs))
+			}
+		}
+	}
 }
 
 func TestKernelRepairsDrift(t *testing.T) {
