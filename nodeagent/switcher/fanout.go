@@ -58,6 +58,9 @@ type Fanout struct {
 	stepMu       sync.Mutex
 	steps        int
 	cancelResync context.CancelFunc
+	// collect follows every full sync but the periodic resyncs
+	// (collectInBackground).
+	collect func()
 }
 
 // step begins a switch step and returns the function that ends it. It
@@ -167,7 +170,7 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 		return nil, err
 	}
 	if req.Full && !req.Resync {
-		collectAfterFullSync()
+		f.collect()
 	}
 	if _, rest := dataplane.SplitWarnings(err); rest == nil {
 		warning, err = err, nil
@@ -185,8 +188,9 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 	return warning, err
 }
 
-// collectAfterFullSync starts a garbage collection in the background; it
-// follows every full sync but the periodic resyncs. A full sync renders
+// collectInBackground starts a garbage collection in the background: the
+// Fanout's collect, which follows every full sync but the periodic
+// resyncs. A full sync renders
 // the whole ruleset and its transaction (at 10 000 services some 100 MB
 // allocated, tens of them live at once) that are garbage once it returns.
 // Go's collector sets its next heap goal at twice the heap it found live,
@@ -195,7 +199,7 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 // over) is what the heap then grows to, the agent's peak RSS. Collected
 // when the sync is over, the goal is twice what stays. In the background,
 // so that the changes waiting behind the sync do not wait for it too.
-func collectAfterFullSync() { go runtime.GC() }
+func collectInBackground() { go runtime.GC() }
 
 type member struct {
 	mode v1alpha1.ProxyMode
@@ -220,7 +224,7 @@ var (
 )
 
 // NewFanout returns an empty Fanout.
-func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{})} }
+func NewFanout() *Fanout { return &Fanout{ready: make(chan struct{}), collect: collectInBackground} }
 
 // SetAfterSync sets a function to run with the model that was synced
 // after every successful sync of the primary, and after Add programmed a

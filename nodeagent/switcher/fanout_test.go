@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"runtime/metrics"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,53 +431,33 @@ func TestAfterSyncFollowsEveryProgramming(t *testing.T) {
 	}
 }
 
-// forcedCollections is how many garbage collections this process was
-// asked for (runtime.GC), from the runtime's own counter.
-func forcedCollections() uint64 {
-	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
-// waitForcedCollections waits until forcedCollections reaches want, or
-// fails the test after a few seconds.
-func waitForcedCollections(t *testing.T, want uint64, after string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for forcedCollections() < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d forced collections, want %d", after, forcedCollections(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestFullSyncIsFollowedByACollection checks that every full sync, the
-// primary's and a new mode's alike, is followed by a garbage collection,
-// and that changes and periodic resyncs are not.
+// primary's and a new mode's alike, is followed by a collection, and
+// that changes and periodic resyncs are not.
 func TestFullSyncIsFollowedByACollection(t *testing.T) {
 	ctx := context.Background()
 	f := NewFanout()
+	var collections atomic.Int32
+	f.collect = func() { collections.Add(1) }
 	snap := &model.Snapshot{}
 	nft := &countingBackend{mode: v1alpha1.ModeNFTables}
 	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, nft, "k"); err != nil {
 		t.Fatal(err)
 	}
 	f.SetPrimary(v1alpha1.ModeNFTables)
-	before := forcedCollections()
 	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: snap, Full: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitForcedCollections(t, before+1, "the primary's full sync")
-
+	if got := collections.Load(); got != 1 {
+		t.Fatalf("the primary's full sync was followed by %d collections, want 1", got)
+	}
 	ipt := &countingBackend{mode: v1alpha1.ModeIPTables}
-	before = forcedCollections()
 	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, ipt, "k"); err != nil {
 		t.Fatal(err)
 	}
-	waitForcedCollections(t, before+1, "a new mode's full sync")
-
-	before = forcedCollections()
+	if got := collections.Load(); got != 2 {
+		t.Fatalf("a new mode's full sync: %d collections in all, want 2", got)
+	}
 	for _, req := range []dataplane.SyncRequest{
 		{Model: snap, Changed: model.ChangeSet{}},
 		{Model: snap, Full: true, Resync: true},
@@ -485,8 +466,26 @@ func TestFullSyncIsFollowedByACollection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // a collection started in the background would have been counted
-	if got := forcedCollections(); got != before {
-		t.Fatalf("a change and a periodic resync were followed by %d collections, want none", got-before)
+	if got := collections.Load(); got != 2 {
+		t.Fatalf("a change and a periodic resync: %d collections in all, want still 2", got)
+	}
+}
+
+// TestCollectInBackgroundCollects checks that the Fanout's collection is
+// a real one: the runtime counts one more forced collection.
+func TestCollectInBackgroundCollects(t *testing.T) {
+	forced := func() uint64 {
+		s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	before := forced()
+	collectInBackground()
+	deadline := time.Now().Add(10 * time.Second)
+	for forced() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no forced collection within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
