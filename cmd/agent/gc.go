@@ -8,12 +8,12 @@ import "strconv"
 // (the informers' objects, the model, the programmed state: about 70 MB
 // at 10 000 Services), so its peak memory is set by the collector's
 // pacing: at Go's default, 2 x 70 MB of heap plus the binary and the
-// runtime, where kube-proxy's whole process took 290 MB (make bench,
-// peak RSS 166 and 163 MiB at GOGC=100 against 149 and 152 at 50, one
-// run after another, 10 000 Services, nftables). What it costs
-// is collections more often, and the agent allocates in bursts (a full
-// sync, a periodic resync's read-back) and little in between: the first
-// sync at 10 000 Services took 0.79 and 0.85 s at 100, 0.87 and 0.91 s
+// runtime, where kube-proxy's whole process took 290 MB in make bench.
+// make bench's harness at one size (10 000 Services, nftables, one run
+// after another): peak RSS 166 and 163 MiB at GOGC=100, 149 and 152 at
+// 50. What it costs is collections more often, and the agent allocates
+// in bursts (a full sync, a periodic resync's read-back) and little in
+// between: the first sync took 0.79 and 0.85 s at 100, 0.87 and 0.91 s
 // at 50.
 
 // defaultGCPercent is --gc-percent's default.

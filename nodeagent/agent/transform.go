@@ -163,7 +163,8 @@ func shareNodeNames(eps []discoveryv1.Endpoint) {
 // object refers to it (so names of nodes long gone do not pile up);
 // pointers to the values the API defines point to one variable per
 // value. Nothing writes through them: the cache's objects are read-only
-// to everyone. Addresses are left alone: each is its own.
+// to everyone. Addresses are each their own, but a slice's are packed
+// into one string (packAddresses).
 
 // share returns s, its bytes shared with every other string shared with
 // the same contents.

@@ -190,15 +190,15 @@ func (f *Fanout) record(ctx context.Context, m *member, req dataplane.SyncReques
 
 // collectInBackground starts a garbage collection in the background: the
 // Fanout's collect, which follows every full sync but the periodic
-// resyncs. A full sync renders
-// the whole ruleset and its transaction (at 10 000 services some 100 MB
-// allocated, tens of them live at once) that are garbage once it returns.
-// Go's collector sets its next heap goal at twice the heap it found live,
-// and a collection during the sync finds those structures live: the goal
-// it sets (200 MB in make bench, against 78 MB live once the sync was
-// over) is what the heap then grows to, the agent's peak RSS. Collected
-// when the sync is over, the goal is twice what stays. In the background,
-// so that the changes waiting behind the sync do not wait for it too.
+// resyncs. A full sync renders the whole ruleset and its transaction (at
+// 10 000 services some 100 MB allocated, tens of them live at once),
+// garbage once it returns. Go's collector sets its next heap goal at
+// twice the heap it found live, and a collection during the sync finds
+// those structures live: the goal it set (200 MB at 10 000 services,
+// against 78 MB live once the sync was over) is what the heap then grew
+// to, the agent's peak RSS. Collected when the sync is over, the goal is
+// set from what stays. In the background, so that the changes waiting
+// behind the sync do not wait for it too.
 func collectInBackground() { go runtime.GC() }
 
 type member struct {

@@ -479,7 +479,15 @@ func TestCollectInBackgroundCollects(t *testing.T) {
 		metrics.Read(s)
 		return s[0].Value.Uint64()
 	}
-	before := forced()
+	// Collections earlier tests' Fanouts started in the background have
+	// run their course before the count is taken.
+	before, since := forced(), time.Now()
+	for time.Since(since) < 300*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+		if n := forced(); n != before {
+			before, since = n, time.Now()
+		}
+	}
 	collectInBackground()
 	deadline := time.Now().Add(10 * time.Second)
 	for forced() == before {
