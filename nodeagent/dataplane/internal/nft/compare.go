@@ -382,13 +382,13 @@ func decodeVerdict(a *attrs) *Verdict {
 // iptables-nft tools use it the same way, to know their cache is
 // current). A generation that has not moved since a program's last
 // commit means nothing in nf_tables changed since.
-func Generation(netns nsexec.NS) (uint32, error) {
-	c, err := dial(netns)
+func Generation(netns nsexec.NS) (gen uint32, err error) {
+	s, err := takeSocket(netns)
 	if err != nil {
 		return 0, err
 	}
-	defer c.Close()
-	return generationOn(c)
+	defer func() { s.done(err) }()
+	return generationOn(s.Conn)
 }
 
 // generationOn reads the ruleset's generation on socket c.

@@ -137,13 +137,13 @@ func dump(netns nsexec.NS, fam nftables.TableFamily, msgType, tableAttr uint16, 
 // dumpWith runs one dump request of type msgType (family fam) with the
 // attributes ae holds, calling fn with each answer's attributes. An
 // object that does not exist is no error: fn is not called.
-func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*attrs)) error {
-	c, err := dialDumps(netns)
+func dumpWith(netns nsexec.NS, fam nftables.TableFamily, msgType uint16, ae *netlink.AttributeEncoder, fn func(*attrs)) (err error) {
+	s, err := takeSocket(netns)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return dumpOn(c, fam, msgType, ae, fn)
+	defer func() { s.done(err) }()
+	return dumpOn(s.Conn, fam, msgType, ae, fn)
 }
 
 // dumpOn is dumpWith on the open socket c. The dump is taken between
@@ -443,17 +443,17 @@ func ChainExists(netns nsexec.NS, fam nftables.TableFamily, table, chain string)
 // such chain (or table). It asks for that one chain, which the kernel
 // finds by name in a hash table: unlike a dump of the family's chains,
 // its cost does not grow with the tables.
-func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (*nftables.Chain, error) {
-	c, err := dial(netns)
+func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (_ *nftables.Chain, err error) {
+	s, err := takeSocket(netns)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer func() { s.done(err) }()
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_CHAIN_TABLE, table)
 	ae.String(unix.NFTA_CHAIN_NAME, chain)
 	var found *nftables.Chain
-	if err := requestOn(c, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(a *attrs) { found, _ = decodeChain(fam, a) }); err != nil {
+	if err := requestOn(s.Conn, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(a *attrs) { found, _ = decodeChain(fam, a) }); err != nil {
 		return nil, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
 	}
 	return found, nil

@@ -205,12 +205,13 @@ const batchTimeout = 30 * time.Second
 // that one sendmsg gathers, on a socket of its own and waits for the
 // acknowledgement of its last message before end, numbered last, or an
 // error.
-func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) error {
-	c, err := dial(netns)
+func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) (err error) {
+	s, err := takeSocket(netns)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { s.done(err) }()
+	c := s.Conn
 	size := 0
 	for _, b := range batch {
 		size += len(b)
