@@ -41,7 +41,9 @@ type Backend struct {
 	// gen, when genKnown, is a ruleset generation (nft.Generation) at
 	// which the kernel was known to hold exactly the state: set by a
 	// periodic resync that verified every family and saw the generation
-	// stay, moved on by each commit of ours that follows it directly.
+	// stay, or by a full sync that nothing else committed beside (from
+	// its reading of the table to its commit), moved on by each commit
+	// of ours that follows it directly.
 	// While the generation stays there, a resync has nothing to verify.
 	gen      uint32
 	genKnown bool
@@ -226,6 +228,7 @@ func rewriteReason(rs *ruleset) string {
 func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePortName]*model.ServicePort) error {
 	delete(b.state, f)
 	rs, claims := render(f, ports, b.policy[f])
+	listedAt, genErr := nft.Generation(b.netns)
 	kt, err := b.list(ctx, f)
 	if err != nil {
 		return err
@@ -236,6 +239,11 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 			return fmt.Errorf("nftables: sync %s table: %w", f.Name, errors.Join(err, err2))
 		}
 		stale = nil
+	} else if after, err := nft.Generation(b.netns); genErr == nil && err == nil && after == listedAt+1 {
+		// Nothing else committed from the listing the plan was made
+		// from to the plan's commit: the table is what was planned,
+		// and the next periodic resync has nothing to verify.
+		b.gen, b.genKnown = after, true
 	}
 	rs.written()
 	b.state[f] = &familyState{rs: rs, claims: claims, counts: rs.counts()}

@@ -289,19 +289,24 @@ func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
 	}
 }
 
-// TestKernelResyncTrustsAQuietGeneration: a resync that verified every
-// family records the ruleset generation; the backend's own commits move
-// it on; while nothing else commits, the next resync has nothing to read.
-// Any other commit (damage to our table, or another program's table)
-// moves the generation, and the next resync verifies again and repairs.
+// TestKernelResyncTrustsAQuietGeneration: a full sync that nothing else
+// committed beside, and a resync that verified every family, record the
+// ruleset generation; the backend's own commits move it on; while
+// nothing else commits, the next resync has nothing to read. Any other
+// commit (damage to our table, or another program's table) moves the
+// generation, and the next resync verifies again and repairs.
 func TestKernelResyncTrustsAQuietGeneration(t *testing.T) {
 	ns, conn := kernelNS(t)
 	b := newBackend(t, ns)
 	m := testModel()
 	resync := dataplane.SyncRequest{Model: m, Full: true, Resync: true}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	if b.genKnown {
-		t.Fatal("a generation is known before any verification")
+	if !b.genKnown || b.gen != generation(t, ns) {
+		t.Fatalf("after a full sync alone: known %v, gen %d; kernel %d", b.genKnown, b.gen, generation(t, ns))
+	}
+	conn.AddTable(&nftables.Table{Name: "before", Family: nftables.TableFamilyINet})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
 	}
 	mustSync(t, b, resync)
 	if !b.genKnown || b.gen != generation(t, ns) {
