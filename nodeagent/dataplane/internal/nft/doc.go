@@ -27,6 +27,11 @@
 //     that walks its objects too (the kernel resumes such a dump by
 //     counting, so it would skip or repeat some of ours), after waiting
 //     for any commit under way to end, before the dump and after it.
+//   - Sockets: one netlink socket per network namespace is kept open
+//     between transactions, generation reads, dumps and lookups, and
+//     closed after a few idle seconds (sockets.go): releasing one makes
+//     nf_tables first finish the cleanup of earlier commits, an RCU
+//     grace period, which every sync used to wait for.
 //   - Reading answers: each batch of a dump is read into a pooled buffer
 //     and its attributes walked in place (attrs), where mdlayher/netlink
 //     holds a whole dump and copies every attribute; a periodic resync
