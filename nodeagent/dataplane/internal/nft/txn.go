@@ -202,9 +202,9 @@ func (t *Txn) framed() [][]byte {
 const batchTimeout = 30 * time.Second
 
 // sendBatch sends an encoded batch (begin, messages, end), in pieces
-// that one sendmsg gathers, on a socket of its own and waits for the
-// acknowledgement of its last message before end, numbered last, or an
-// error.
+// that one sendmsg gathers, on the namespace's kept socket (takeSocket),
+// and waits for the acknowledgement of its last message before end,
+// numbered last, or an error.
 func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) (err error) {
 	s, err := takeSocket(netns)
 	if err != nil {
@@ -293,22 +293,13 @@ func send(c *netlink.Conn, batch [][]byte) error {
 	return errors.Join(err, sendErr)
 }
 
-// dial opens a netfilter netlink socket in the namespace netns.
-func dial(netns nsexec.NS) (*netlink.Conn, error) {
+// dialDumps opens a netfilter netlink socket in the namespace netns,
+// widened for dumps (widen: one round trip). Every socket is: the kept
+// ones (takeSocket) serve dumps and transactions alike.
+func dialDumps(netns nsexec.NS) (*netlink.Conn, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns.FD()})
 	if err != nil {
 		return nil, fmt.Errorf("nft: netlink socket: %w", err)
-	}
-	return c, nil
-}
-
-// dialDumps is dial for a socket that reads dumps: widened (widen), at
-// the cost of one round trip that sockets for single answers and
-// transactions do not pay.
-func dialDumps(netns nsexec.NS) (*netlink.Conn, error) {
-	c, err := dial(netns)
-	if err != nil {
-		return nil, err
 	}
 	if err := widen(c); err != nil {
 		_ = c.Close()
