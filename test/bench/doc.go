@@ -34,7 +34,12 @@
 // during it: writing a profile costs the program CPU); the report gives
 // the peaks, the bytes allocated until then, and, for proxyshift at the
 // largest size, the functions that hold and allocate the most. Peak RSS
-// is the kernel's VmHWM.
+// is the kernel's VmHWM. The process tree's peak (tree.go) adds the
+// commands a program runs (iptables-restore and iptables-save in
+// iptables mode): the resident sets of the program and its descendants
+// summed every TreeSampleEvery, the largest sum kept. For a program
+// whose first sync gave up, both are what it used until then, lower
+// bounds of its peaks.
 //
 // The report (report.go, chart.go) is Markdown tables with p50, p90,
 // p99, the maximum and the sample counts, and PNG charts drawn with

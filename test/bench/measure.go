@@ -43,8 +43,13 @@ type Result struct {
 	ConnectFirst, ConnectLast []time.Duration
 	ConnectFailures           int
 	// PeakRSS is the program's peak resident set size, in bytes, before
-	// any mode switch.
+	// any mode switch; for a program whose first sync gave up, its peak
+	// until then.
 	PeakRSS int64
+	// TreeRSS is the largest resident set of the program and the
+	// processes it started together (iptables-restore, ...), sampled
+	// every TreeSampleEvery until PeakRSS is read (see watchTree).
+	TreeRSS int64
 	// Heap is the program's Go heap, read through its metrics and
 	// profiles.
 	Heap HeapFigures
@@ -223,6 +228,15 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	hctx, stopHeap := context.WithCancel(ctx)
 	defer stopHeap()
 	peakHeap := heap.watch(hctx, HeapSampleEvery, "")
+	tctx, stopTree := context.WithCancel(ctx)
+	defer stopTree()
+	peakTree := watchTree(tctx, run.proc.Pid(), TreeSampleEvery)
+	readRSS := func() (err error) {
+		stopTree()
+		res.TreeRSS = <-peakTree
+		res.PeakRSS, err = run.PeakRSS()
+		return err
+	}
 
 	// First sync: until the last Service answers.
 	if _, err := waitAnswer(ctx, node, run, ServiceAddr(LastOrdinary(n)), netip.Addr{}, plan.SyncTimeout); err != nil {
@@ -230,6 +244,10 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 			return fail(fmt.Errorf("first sync: %w", err))
 		}
 		res.FirstSync, res.TimedOut = plan.SyncTimeout, true
+		// Its memory so far is a lower bound of its peak.
+		if err := readRSS(); err != nil {
+			return fail(err)
+		}
 		return res, nil
 	}
 	res.FirstSync = time.Since(start)
@@ -316,7 +334,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	}
 	stopHeap()
 	res.Heap.PeakInuse = <-peakHeap
-	if res.PeakRSS, err = run.PeakRSS(); err != nil {
+	if err := readRSS(); err != nil {
 		return fail(err)
 	}
 	if prog.FollowsProxyNode && n == plan.SwitchSize && len(plan.Switch.Modes) > 1 && mode == plan.Switch.Modes[0] {

@@ -258,9 +258,27 @@ func (r *Report) rows(mode string) []row {
 			out = append(out, durationRow(what, Percentile(kp.Latency, p), Percentile(ps.Latency, p), ratio, abs))
 		}
 	})
+	for _, n := range sizes {
+		// A kube-proxy whose first sync gave up had used at least what
+		// it used until then.
+		kp, _ := lookup("kube-proxy", n)
+		ps, measured := lookup("proxyshift", n)
+		if !measured || ps.TimedOut {
+			continue
+		}
+		var own, tree float64
+		switch {
+		case nft && n == largest:
+			own = 0.5
+		case ipt && n == largest:
+			tree = 1.0
+		}
+		out = append(out,
+			rssRow(fmt.Sprintf("peak RSS, %d services", n), kp.PeakRSS, ps.PeakRSS, kp.TimedOut, own),
+			rssRow(fmt.Sprintf("peak RSS of the process tree (the program and the commands it runs; sampled every %s), %d services", TreeSampleEvery, n), kp.TreeRSS, ps.TreeRSS, kp.TimedOut, tree))
+	}
 	each(func(n int, kp, ps Result, _ bool) {
 		out = append(out,
-			bytesRow(fmt.Sprintf("peak RSS, %d services", n), kp.PeakRSS, ps.PeakRSS),
 			bytesRow(fmt.Sprintf("peak Go heap in use (sampled every %s), %d services", HeapSampleEvery, n), int64(kp.Heap.PeakInuse), int64(ps.Heap.PeakInuse)),
 			bytesRow(fmt.Sprintf("Go heap allocated from exec until the first sync settled, %d services", n), int64(kp.Heap.StartupAlloc), int64(ps.Heap.StartupAlloc)))
 	})
@@ -316,6 +334,25 @@ func bytesRow(what string, kp, ps int64) row {
 	}
 	if kp > 0 && ps > 0 {
 		rw.ratio = fmt.Sprintf("%.2f", float64(ps)/float64(kp))
+	}
+	return rw
+}
+
+// rssRow compares two peak resident sets in bytes, kube-proxy's a lower
+// bound when its first sync gave up (and so the ratio an upper one); a
+// target is met when the ratio is at most maxRatio (0: no target).
+func rssRow(what string, kp, ps int64, kpGaveUp bool, maxRatio float64) row {
+	rw := bytesRow(what, kp, ps)
+	if kp <= 0 || ps <= 0 {
+		return rw
+	}
+	ratio := float64(ps) / float64(kp)
+	if kpGaveUp {
+		rw.kp = ">= " + rw.kp + " (gave up)"
+		rw.ratio = fmt.Sprintf("<= %.2f", ratio)
+	}
+	if maxRatio > 0 {
+		rw.target, rw.met = fmt.Sprintf("<= %.1fx kube-proxy", maxRatio), metText(ratio <= maxRatio)
 	}
 	return rw
 }

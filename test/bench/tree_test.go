@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The tree's resident set counts the children and grandchildren of the
+// process, and the watcher keeps the largest sample.
+func TestTreeRSSCountsDescendants(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30; true") // sh forks sleep: a grandchild
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	self := os.Getpid()
+	var found []int
+	for deadline := time.Now().Add(5 * time.Second); len(found) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		found = descendants(self)
+	}
+	if !slices.Contains(found, cmd.Process.Pid) || len(found) < 2 {
+		t.Fatalf("descendants of %d: %v; want sh (%d) and the sleep it started", self, found, cmd.Process.Pid)
+	}
+	own, err := residentBytes(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids int64
+	for _, p := range found {
+		rss, err := residentBytes(p)
+		if err != nil || rss <= 0 {
+			t.Fatalf("resident set of %d: %d, %v", p, rss, err)
+		}
+		kids += rss
+	}
+	tree, err := treeRSS(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Our own resident set moves a little between the reads.
+	if tree < own+kids/2 || tree <= own {
+		t.Errorf("tree %d bytes; own %d and the children's %d", tree, own, kids)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	peak := watchTree(ctx, self, 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	if got := <-peak; got <= own {
+		t.Errorf("watched peak %d bytes, not more than the process alone (%d)", got, own)
+	}
+}
