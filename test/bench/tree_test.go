@@ -53,3 +53,17 @@ func TestTreeRSSCountsDescendants(t *testing.T) {
 		t.Errorf("watched peak %d bytes, not more than the process alone (%d)", got, own)
 	}
 }
+
+// The RSS chart leaves out a program that gave up: its figure is only a
+// lower bound.
+func TestRSSChartLeavesOutWhatGaveUp(t *testing.T) {
+	if _, ok := rssPoint(Result{PeakRSS: 200 << 20, TimedOut: true}); ok {
+		t.Error("a program whose first sync gave up is on the chart")
+	}
+	if v, ok := rssPoint(Result{PeakRSS: 200 << 20}); !ok || v != 200 {
+		t.Errorf("a measured program: %v, %v; want 200 MiB", v, ok)
+	}
+	if _, ok := rssPoint(Result{}); ok {
+		t.Error("a program not measured is on the chart")
+	}
+}
