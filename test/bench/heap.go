@@ -91,15 +91,29 @@ func (h goHeap) save(ctx context.Context, name, path string) error {
 // enough not to mind, a program's first sync is not). It sends the peak,
 // in bytes, when ctx ends.
 func (h goHeap) watch(ctx context.Context, interval time.Duration, path string) <-chan uint64 {
-	out := make(chan uint64, 1)
+	var onPeak func()
+	if path != "" {
+		onPeak = func() { _ = h.save(ctx, "heap", path) }
+	}
+	return watchPeak(ctx, interval, func() (uint64, error) {
+		s, err := h.stats(ctx)
+		return s.HeapInuse, err
+	}, onPeak)
+}
+
+// watchPeak calls sample every interval until ctx ends, then sends the
+// largest value it returned (a failed sample is skipped). onPeak, when
+// set, runs each time a sample is a new largest.
+func watchPeak[T cmp.Ordered](ctx context.Context, interval time.Duration, sample func() (T, error), onPeak func()) <-chan T {
+	out := make(chan T, 1)
 	go func() {
-		var peak uint64
+		var peak T
 		defer func() { out <- peak }()
 		for {
-			if s, err := h.stats(ctx); err == nil && s.HeapInuse > peak {
-				peak = s.HeapInuse
-				if path != "" {
-					_ = h.save(ctx, "heap", path)
+			if v, err := sample(); err == nil && v > peak {
+				peak = v
+				if onPeak != nil {
+					onPeak()
 				}
 			}
 			select {

@@ -48,7 +48,7 @@ type Result struct {
 	PeakRSS int64
 	// TreeRSS is the largest resident set of the program and the
 	// processes it started together (iptables-restore, ...), sampled
-	// every TreeSampleEvery until PeakRSS is read (see watchTree).
+	// every TreeSampleEvery until PeakRSS is read (see treeRSS).
 	TreeRSS int64
 	// Heap is the program's Go heap, read through its metrics and
 	// profiles.
@@ -230,7 +230,8 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	peakHeap := heap.watch(hctx, HeapSampleEvery, "")
 	tctx, stopTree := context.WithCancel(ctx)
 	defer stopTree()
-	peakTree := watchTree(tctx, run.proc.Pid(), TreeSampleEvery)
+	pid := run.proc.Pid()
+	peakTree := watchPeak(tctx, TreeSampleEvery, func() (int64, error) { return treeRSS(pid) }, nil)
 	readRSS := func() (err error) {
 		stopTree()
 		res.TreeRSS = <-peakTree

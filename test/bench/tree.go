@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,7 +18,10 @@ const TreeSampleEvery = 100 * time.Millisecond
 // process descended from it (the iptables-restore and iptables-save runs
 // of both programs' iptables modes) at one moment: the sum of their
 // resident pages, read from /proc. A process that ends while it is read
-// is left out.
+// is left out. Sampled every TreeSampleEvery (watchPeak), it misses a
+// child that lives less than that: the largest sample is a lower bound
+// of the tree's peak, where the program's own VmHWM (PeakRSS) is exact
+// for it alone.
 func treeRSS(pid int) (int64, error) {
 	own, err := residentBytes(pid)
 	if err != nil {
@@ -67,28 +69,5 @@ func descendants(pid int) []int {
 			}
 		}
 	}
-	return out
-}
-
-// watchTree samples treeRSS of pid every interval until ctx ends, then
-// sends the largest sample. A sample misses a child that lived less
-// than interval, so the figure is a lower bound of the tree's peak; the
-// program's own VmHWM (PeakRSS) is exact for it alone.
-func watchTree(ctx context.Context, pid int, interval time.Duration) <-chan int64 {
-	out := make(chan int64, 1)
-	go func() {
-		var peak int64
-		defer func() { out <- peak }()
-		for {
-			if rss, err := treeRSS(pid); err == nil && rss > peak {
-				peak = rss
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(interval):
-			}
-		}
-	}()
 	return out
 }

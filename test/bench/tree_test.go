@@ -46,7 +46,7 @@ func TestTreeRSSCountsDescendants(t *testing.T) {
 		t.Errorf("tree %d bytes; own %d and the children's %d", tree, own, kids)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	peak := watchTree(ctx, self, 10*time.Millisecond)
+	peak := watchPeak(ctx, 10*time.Millisecond, func() (int64, error) { return treeRSS(self) }, nil)
 	time.Sleep(50 * time.Millisecond)
 	cancel()
 	if got := <-peak; got <= own {
