@@ -74,18 +74,9 @@ func NewLab() (*Lab, error) {
 func (l *Lab) setup() error {
 	// Every address of EndpointCIDR is local here (a "local" route on lo):
 	// one listener serves 32k endpoints without 32k addresses.
-	err := l.Backends.Do(func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{
-			Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: netlink.SCOPE_HOST,
-			Dst: prefixNet(EndpointCIDR), LinkIndex: lo.Attrs().Index,
-		})
-	})
+	err := l.anyIP(EndpointCIDR)
 	if err != nil {
-		return fmt.Errorf("AnyIP route for %s in %s: %w", EndpointCIDR, l.Backends.Name, err)
+		return err
 	}
 	l.server, err = l.Backends.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", EndpointPort))
 	if err != nil {
@@ -93,6 +84,31 @@ func (l *Lab) setup() error {
 	}
 	l.wg.Add(1)
 	go l.serve()
+	return nil
+}
+
+// RefuseServices makes every address of ServiceCIDR local in the
+// backends namespace, where nothing listens on a service port: a
+// connection that reaches the backends untranslated is refused at once
+// instead of going nowhere (and timing out like one that was lost).
+func (l *Lab) RefuseServices() error { return l.anyIP(ServiceCIDR) }
+
+// anyIP makes every address of p local in the backends namespace (a
+// "local" route on lo).
+func (l *Lab) anyIP(p netip.Prefix) error {
+	err := l.Backends.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{
+			Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: netlink.SCOPE_HOST,
+			Dst: prefixNet(p), LinkIndex: lo.Attrs().Index,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("AnyIP route for %s in %s: %w", p, l.Backends.Name, err)
+	}
 	return nil
 }
 

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
-	"sync/atomic"
+	"syscall"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -301,7 +301,7 @@ const ProbeTimeout = time.Second
 func measureSwitches(ctx context.Context, node *Node, pns *ProxyNodes, sp SwitchPlan, n int, logf func(string, ...any)) (*SwitchResult, error) {
 	res := &SwitchResult{Services: n}
 	targets := []netip.AddrPort{ServiceAddr(FirstOrdinary()), ServiceAddr((FirstOrdinary() + LastOrdinary(n)) / 2), ServiceAddr(LastOrdinary(n))}
-	pr := startProber(ctx, node, targets, sp.ProbeEvery)
+	pr := startProber(ctx, node, targets, sp.ProbeEvery, ProbeTimeout, nil)
 	var err error
 	from := sp.Modes[0]
 	for range sp.Rounds {
@@ -320,7 +320,8 @@ func measureSwitches(ctx context.Context, node *Node, pns *ProxyNodes, sp Switch
 			break
 		}
 	}
-	res.Connects, res.Failures, res.FailureSample = pr.stop()
+	pc := pr.stop()
+	res.Connects, res.Failures, res.FailureSample = pc.Connects, pc.Failures, pc.Sample
 	return res, err
 }
 
@@ -337,20 +338,40 @@ func phaseText(ps []PhaseAt) string {
 
 // prober opens a new connection every few milliseconds, round robin over
 // its targets, each in its own goroutine (at most 32 at once), and
-// counts those that get no answer, keeping the first few with the time
-// each started.
+// counts those that fail, keeping the first few with the time each
+// started.
 type prober struct {
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	connects atomic.Int64
-	mu       sync.Mutex
-	failures int
-	sample   []string
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	timeout time.Duration
+	check   func(target netip.AddrPort, endpoint netip.Addr) error
+
+	mu     sync.Mutex
+	counts probeCounts
 }
 
-func startProber(ctx context.Context, node *Node, targets []netip.AddrPort, every time.Duration) *prober {
+// probeCounts is what a prober saw.
+type probeCounts struct {
+	// Connects is the number of connections opened; Failures those that
+	// failed, Refused the failures the backends refused (a connection
+	// that reached them untranslated, where the lab makes service
+	// addresses refuse), Sample the first failures' errors.
+	Connects, Failures, Refused int
+	Sample                      []string
+	// Resent counts connections that got their answer but whose TCP
+	// connect took a second or more: the first SYN, or its answer, was
+	// lost and the kernel sent it again (its first retransmission
+	// timeout is 1 s).
+	Resent int
+}
+
+// startProber starts probing targets every so often, each connection
+// given timeout to connect and answer. check, when not nil, judges each
+// answer (the endpoint that answered the target); an error counts the
+// connection as failed.
+func startProber(ctx context.Context, node *Node, targets []netip.AddrPort, every, timeout time.Duration, check func(netip.AddrPort, netip.Addr) error) *prober {
 	ctx, cancel := context.WithCancel(ctx)
-	p := &prober{cancel: cancel}
+	p := &prober{cancel: cancel, timeout: timeout, check: check}
 	slots := make(chan struct{}, 32)
 	p.wg.Add(1)
 	go func() {
@@ -376,29 +397,45 @@ func startProber(ctx context.Context, node *Node, targets []netip.AddrPort, ever
 				// The answer is read with a context that outlives the
 				// prober's stop: a connection started is counted.
 				started := time.Now()
-				_, _, err := node.Ask(context.WithoutCancel(ctx), target, ProbeTimeout)
-				p.connects.Add(1)
-				if err != nil {
-					p.mu.Lock()
-					p.failures++
-					if len(p.sample) < 5 {
-						// The start's time of day, to find in the agent's log.
-						p.sample = append(p.sample, fmt.Sprintf("%s (started %s UTC): %v", target, started.UTC().Format("15:04:05.000"), err))
-					}
-					p.mu.Unlock()
+				ep, connect, err := node.Ask(context.WithoutCancel(ctx), target, p.timeout)
+				if err == nil && p.check != nil {
+					err = p.check(target, ep)
 				}
+				p.record(target, started, connect, err)
 			}()
 		}
 	}()
 	return p
 }
 
+// record counts one connection.
+func (p *prober) record(target netip.AddrPort, started time.Time, connect time.Duration, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := &p.counts
+	c.Connects++
+	if err == nil {
+		if connect >= time.Second {
+			c.Resent++
+		}
+		return
+	}
+	c.Failures++
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		c.Refused++
+	}
+	if len(c.Sample) < 5 {
+		// The start's time of day, to find in the agent's log.
+		c.Sample = append(c.Sample, fmt.Sprintf("%s (started %s UTC): %v", target, started.UTC().Format("15:04:05.000"), err))
+	}
+}
+
 // stop ends the prober, waits for the connections under way, and
 // returns the counts.
-func (p *prober) stop() (connects, failures int, sample []string) {
+func (p *prober) stop() probeCounts {
 	p.cancel()
 	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return int(p.connects.Load()), p.failures, p.sample
+	return p.counts
 }
