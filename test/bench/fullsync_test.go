@@ -21,7 +21,9 @@ import (
 // transaction that filled it ends, after the new rules are live: a full
 // sync that created the endpoint maps anew left each new connection
 // untranslated for about 50 ms at the end of its commit (10 of them
-// every rewrite here, to the first Service as to the last).
+// every rewrite here, to the first Service as to the last). Here such a
+// connection is refused (Lab.RefuseServices), and every answer must come
+// from one of the target's own endpoints.
 func TestFullSyncKeepsServing(t *testing.T) {
 	netlab.RequireRoot(t)
 	lab, err := NewLab()
