@@ -20,7 +20,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -368,10 +367,10 @@ func wireTracker(factory informers.SharedInformerFactory, t *model.Tracker) ([2]
 		return synced, err
 	}
 	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { t.OnEndpointSliceAdd(o.(*discoveryv1.EndpointSlice)) },
-		UpdateFunc: func(_, o any) { t.OnEndpointSliceUpdate(o.(*discoveryv1.EndpointSlice)) },
+		AddFunc:    func(o any) { t.OnEndpointSliceAdd(o.(*model.Slice)) },
+		UpdateFunc: func(_, o any) { t.OnEndpointSliceUpdate(o.(*model.Slice)) },
 		DeleteFunc: func(o any) {
-			if s, ok := unwrapDeleted(o).(*discoveryv1.EndpointSlice); ok {
+			if s, ok := unwrapDeleted(o).(*model.Slice); ok {
 				t.OnEndpointSliceDelete(s)
 			}
 		},

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"slices"
-	"strings"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,19 +17,21 @@ import (
 // sends is never read by the agent: managedFields alone are often the
 // largest part of an object, and an endpoint's targetRef names the pod
 // behind it. trimObject drops it as each object is decoded, before the
-// cache stores it, so it is never kept.
+// cache stores it, so it is never kept; an EndpointSlice is kept as the
+// model.Slice of it, 40 bytes an endpoint where the API type takes 96.
 
 // trimObject is the informers' transform: it keeps of a Service and an
 // EndpointSlice only what the model and the agent's events read, and
 // passes anything else (a tombstone, say) through unchanged. It modifies
 // the object it is given, which the informer has just decoded and nobody
-// else holds yet.
+// else holds yet, and returns an EndpointSlice as a *model.Slice: the
+// informer's store and its handlers get that.
 func trimObject(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		trimService(o)
 	case *discoveryv1.EndpointSlice:
-		trimEndpointSlice(o)
+		return compactSlice(o), nil
 	}
 	return obj, nil
 }
@@ -64,19 +65,17 @@ func trimService(svc *corev1.Service) {
 	}
 }
 
-// trimEndpointSlice keeps the slice's identity, the label naming its
-// Service, the trigger-time annotation (for the programming latency), its
-// ports, and of each endpoint the addresses, conditions, node and hints
-// (the zone of an endpoint decides nothing: its hints do).
-func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
+// compactSlice returns what the model reads of an EndpointSlice (see
+// model.Slice): its identity, the label naming its Service, the
+// trigger-time annotation (for the programming latency), its ports, and
+// of each endpoint the first address, conditions, node and hints (the
+// zone of an endpoint decides nothing: its hints do). The decoded slice
+// is left to the collector.
+func compactSlice(s *discoveryv1.EndpointSlice) *model.Slice {
 	trimMeta(&s.ObjectMeta, discoveryv1.LabelServiceName, corev1.EndpointsLastChangeTriggerTime)
 	s.AddressType = share(s.AddressType)
 	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		e.TargetRef, e.Hostname, e.DeprecatedTopology, e.Zone = nil, nil, nil, nil
-		c := &e.Conditions
-		c.Ready, c.Serving, c.Terminating = shareBool(c.Ready), shareBool(c.Serving), shareBool(c.Terminating)
-		if h := e.Hints; h != nil {
+		if h := s.Endpoints[i].Hints; h != nil {
 			for j := range h.ForZones {
 				h.ForZones[j].Name = share(h.ForZones[j].Name)
 			}
@@ -90,50 +89,8 @@ func trimEndpointSlice(s *discoveryv1.EndpointSlice) {
 		shareIn(p.Name)
 		p.Protocol = sharePtr(p.Protocol, protocols...)
 	}
-	// The decoder grows the endpoints as it reads them (10 endpoints
-	// take room for 16, 96 bytes each): the cache keeps a copy of the
-	// right size.
-	if cap(s.Endpoints) > len(s.Endpoints) {
-		fit := make([]discoveryv1.Endpoint, len(s.Endpoints))
-		copy(fit, s.Endpoints)
-		s.Endpoints = fit
-	}
-	packAddresses(s.Endpoints)
 	shareNodeNames(s.Endpoints)
-}
-
-// packAddresses puts the addresses of every endpoint of a slice in one
-// list and their text in one string. The decoder gives each endpoint a
-// list of its own and each address a string of its own: two allocations
-// an endpoint, 3.2 MB at 100 000 endpoints. Each endpoint's part of the
-// list is capped, so that an append never reaches its neighbour's.
-func packAddresses(eps []discoveryv1.Endpoint) {
-	n, size := 0, 0
-	for _, e := range eps {
-		n += len(e.Addresses)
-		for _, a := range e.Addresses {
-			size += len(a)
-		}
-	}
-	if n == 0 {
-		return
-	}
-	var b strings.Builder
-	b.Grow(size)
-	for _, e := range eps {
-		for _, a := range e.Addresses {
-			b.WriteString(a)
-		}
-	}
-	text, all, at := b.String(), make([]string, 0, n), 0
-	for i := range eps {
-		first := len(all)
-		for _, a := range eps[i].Addresses {
-			all = append(all, text[at:at+len(a)])
-			at += len(a)
-		}
-		eps[i].Addresses = all[first:len(all):len(all)]
-	}
+	return model.SliceOf(s)
 }
 
 // shareNodeNames makes the endpoints of a slice on one node point to one
@@ -156,15 +113,15 @@ func shareNodeNames(eps []discoveryv1.Endpoint) {
 
 // Each object decoded from the API server carries its own copy of every
 // string in it, and its own pointer to every optional field: the same
-// "TCP", "Cluster" or node name as many times as objects name it, and
-// three booleans for each endpoint. share and its kin make the objects
+// "TCP", "Cluster" or node name as many times as objects name it. share
+// and its kin make the objects
 // the cache keeps point to one copy of each instead. Strings go through
 // Go's unique package, which keeps one copy of each string while any
 // object refers to it (so names of nodes long gone do not pile up);
 // pointers to the values the API defines point to one variable per
 // value. Nothing writes through them: the cache's objects are read-only
 // to everyone. Addresses are each their own, but a slice's are packed
-// into one string (packAddresses).
+// into one string (model.SliceOf).
 
 // share returns s, its bytes shared with every other string shared with
 // the same contents.
@@ -205,13 +162,6 @@ var (
 	singleStack, preferDual, reqDual = corev1.IPFamilyPolicySingleStack, corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack
 	familyPolicies                   = []*corev1.IPFamilyPolicy{&singleStack, &preferDual, &reqDual}
 )
-
-// shareBool returns a pointer to the one variable holding *p's value
-// (nil for nil).
-func shareBool(p *bool) *bool { return sharePtr(p, &yes, &no) }
-
-// yes and no are the booleans every endpoint condition points to.
-var yes, no = true, false
 
 // trimMeta keeps an object's name, namespace, UID, resource version and
 // creation time (the oldest Service wins an external address both claim),

@@ -53,7 +53,11 @@ func benchmarkInformerObjects(b *testing.B, n int, trim bool) {
 				b.Fatal(err)
 			}
 			if trim {
-				_, _ = trimObject(o)
+				t, err := trimObject(o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				o = t.(apiruntime.Object)
 			}
 			objs = append(objs, o)
 		}

@@ -82,12 +82,12 @@ func fullObjects() (*corev1.Service, *discoveryv1.EndpointSlice) {
 func TestTrimKeepsTheModel(t *testing.T) {
 	build := func(trim bool) *model.Snapshot {
 		svc, slice := fullObjects()
+		kept := model.SliceOf(slice)
 		if trim {
-			for _, o := range []any{svc, slice} {
-				if _, err := trimObject(o); err != nil {
-					t.Fatal(err)
-				}
+			if _, err := trimObject(svc); err != nil {
+				t.Fatal(err)
 			}
+			kept = trimmedSlice(t, slice)
 		}
 		// An older Service claims the same external IP, and arrives
 		// second: the older one wins it, which the model knows by the
@@ -102,7 +102,7 @@ func TestTrimKeepsTheModel(t *testing.T) {
 		tr := model.NewTracker("node-a", nil)
 		tr.SetNodeZone("z1")
 		tr.OnServiceAdd(svc)
-		tr.OnEndpointSliceAdd(slice)
+		tr.OnEndpointSliceAdd(kept)
 		tr.OnServiceAdd(older)
 		snap, _ := tr.Snapshot()
 		return snap
@@ -120,20 +120,18 @@ func TestTrimKeepsTheModel(t *testing.T) {
 
 	svc, slice := fullObjects()
 	_, _ = trimObject(svc)
-	_, _ = trimObject(slice)
+	kept := trimmedSlice(t, slice)
 	if svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels != nil || svc.Spec.Selector != nil || svc.OwnerReferences != nil {
 		t.Errorf("the Service kept what the agent never reads: %+v", svc.ObjectMeta)
 	}
 	if svc.Name != "web" || svc.Namespace != "shop" || svc.UID != "u1" || svc.ResourceVersion != "7" || svc.CreationTimestamp.IsZero() {
 		t.Errorf("the Service lost its identity (events name it) or its creation time (the oldest wins a contested address): %+v", svc.ObjectMeta)
 	}
-	if slice.ManagedFields != nil || len(slice.Labels) != 1 || len(slice.Annotations) != 1 || slice.OwnerReferences != nil {
-		t.Errorf("the EndpointSlice kept what the agent never reads: %+v", slice.ObjectMeta)
+	if kept.ManagedFields != nil || len(kept.Labels) != 1 || len(kept.Annotations) != 1 || kept.OwnerReferences != nil {
+		t.Errorf("the EndpointSlice kept what the agent never reads: %+v", kept.ObjectMeta)
 	}
-	for _, e := range slice.Endpoints {
-		if e.TargetRef != nil || e.Hostname != nil || e.Zone != nil {
-			t.Errorf("an endpoint kept its targetRef, hostname or zone: %+v", e)
-		}
+	if kept.Name != "web-abc" || kept.Namespace != "shop" || kept.ResourceVersion != "9" {
+		t.Errorf("the EndpointSlice lost its identity: %+v", kept.ObjectMeta)
 	}
 	proxied := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{model.LabelServiceProxyName: "other", "app": "x"}}}
 	_, _ = trimObject(proxied)
@@ -146,6 +144,20 @@ func TestTrimKeepsTheModel(t *testing.T) {
 	}
 }
 
+// trimmedSlice is the informers' transform of slice: a *model.Slice.
+func trimmedSlice(t *testing.T, slice *discoveryv1.EndpointSlice) *model.Slice {
+	t.Helper()
+	o, err := trimObject(slice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, ok := o.(*model.Slice)
+	if !ok {
+		t.Fatalf("the transform of an EndpointSlice is a %T; want a *model.Slice", o)
+	}
+	return kept
+}
+
 // Two objects decoded apart share, once trimmed, the strings and the
 // pointers to the API's values that they both hold: one copy in memory.
 func TestTrimSharesWhatObjectsHoldAlike(t *testing.T) {
@@ -154,39 +166,35 @@ func TestTrimSharesWhatObjectsHoldAlike(t *testing.T) {
 	// As decoded: every string its own copy.
 	slice2.Endpoints[0].NodeName = ptr.To(strings.Clone(*slice1.Endpoints[0].NodeName))
 	svc2.Spec.Ports[0].Name = strings.Clone(svc1.Spec.Ports[0].Name)
-	for _, o := range []any{svc1, slice1, svc2, slice2} {
+	for _, o := range []any{svc1, svc2} {
 		_, _ = trimObject(o)
 	}
+	kept1, kept2 := trimmedSlice(t, slice1), trimmedSlice(t, slice2)
 	same := func(what string, a, b string) {
 		if unsafe.StringData(a) != unsafe.StringData(b) {
 			t.Errorf("%s: two copies of %q", what, a)
 		}
 	}
-	e1, e2 := slice1.Endpoints[0], slice2.Endpoints[0]
+	e1, e2 := kept1.Endpoints[0], kept2.Endpoints[0]
 	same("node name", *e1.NodeName, *e2.NodeName)
 	same("port name", svc1.Spec.Ports[0].Name, svc2.Spec.Ports[0].Name)
 	same("service type", string(svc1.Spec.Type), string(svc2.Spec.Type))
 	// Within a slice: endpoints on one node, one pointer to its name; the
-	// addresses in one list and one string, each endpoint's part capped.
+	// addresses in one string.
 	_, slice3 := fullObjects()
 	slice3.Endpoints[1].NodeName = ptr.To(strings.Clone(*slice3.Endpoints[0].NodeName))
-	_, _ = trimObject(slice3)
-	a, b := slice3.Endpoints[0], slice3.Endpoints[1]
+	kept3 := trimmedSlice(t, slice3)
+	a, b := kept3.Endpoints[0], kept3.Endpoints[1]
 	if a.NodeName != b.NodeName {
 		t.Error("two endpoints on one node point to two copies of its name")
 	}
-	next := unsafe.Add(unsafe.Pointer(unsafe.SliceData(a.Addresses)), unsafe.Sizeof("")*uintptr(len(a.Addresses)))
-	if cap(a.Addresses) != len(a.Addresses) || unsafe.Pointer(unsafe.SliceData(b.Addresses)) != next ||
-		unsafe.Pointer(unsafe.StringData(b.Addresses[0])) != unsafe.Add(unsafe.Pointer(unsafe.StringData(a.Addresses[0])), len(a.Addresses[0])) {
-		t.Errorf("the endpoints' addresses are not packed in one list and one string: %q (cap %d), %q", a.Addresses, cap(a.Addresses), b.Addresses)
+	if unsafe.Pointer(unsafe.StringData(b.Address)) != unsafe.Add(unsafe.Pointer(unsafe.StringData(a.Address)), len(a.Address)) {
+		t.Errorf("the endpoints' addresses are not packed in one string: %q, %q", a.Address, b.Address)
 	}
-	if e1.Conditions.Ready != e2.Conditions.Ready || e1.Conditions.Ready == slice1.Endpoints[1].Conditions.Ready {
-		t.Error("the endpoints' conditions do not point to one variable per value")
-	}
-	if slice1.Ports[0].Protocol != slice2.Ports[0].Protocol || svc1.Spec.InternalTrafficPolicy != svc2.Spec.InternalTrafficPolicy {
+	if kept1.Ports[0].Protocol != kept2.Ports[0].Protocol || svc1.Spec.InternalTrafficPolicy != svc2.Spec.InternalTrafficPolicy {
 		t.Error("pointers to the API's values are not shared")
 	}
-	if *e1.Conditions.Ready != true || *slice1.Endpoints[1].Conditions.Ready != false || *slice1.Ports[0].Protocol != corev1.ProtocolTCP {
+	if !e1.Ready || kept1.Endpoints[1].Ready || *kept1.Ports[0].Protocol != corev1.ProtocolTCP {
 		t.Error("sharing changed a value")
 	}
 }
@@ -199,12 +207,12 @@ func TestTrimFitsTheEndpoints(t *testing.T) {
 	grown := make([]discoveryv1.Endpoint, len(slice.Endpoints), 4*len(slice.Endpoints))
 	copy(grown, slice.Endpoints)
 	slice.Endpoints = grown
-	_, _ = trimObject(slice)
-	if cap(slice.Endpoints) != len(slice.Endpoints) {
-		t.Errorf("the trimmed slice keeps room for %d endpoints, holding %d", cap(slice.Endpoints), len(slice.Endpoints))
+	kept := trimmedSlice(t, slice)
+	if cap(kept.Endpoints) != len(grown) || len(kept.Endpoints) != len(grown) {
+		t.Errorf("the trimmed slice keeps room for %d endpoints, holding %d; want %d", cap(kept.Endpoints), len(kept.Endpoints), len(grown))
 	}
-	for i, e := range slice.Endpoints {
-		if e.Addresses[0] != grown[i].Addresses[0] || e.Conditions.Ready != grown[i].Conditions.Ready {
+	for i, e := range kept.Endpoints {
+		if e.Address != grown[i].Addresses[0] || e.Ready != *grown[i].Conditions.Ready {
 			t.Errorf("endpoint %d: %+v, was %+v", i, e, grown[i])
 		}
 	}

@@ -89,9 +89,9 @@ func TestFrontendsFollowClaims(t *testing.T) {
 		}
 	}
 	tr.OnServiceAdd(svc("kube-system", "dns", "10.96.0.10"))
-	tr.OnEndpointSliceAdd(slice("kube-system", "dns", "10.1.0.2"))
+	tr.OnEndpointSliceAdd(model.SliceOf(slice("kube-system", "dns", "10.1.0.2")))
 	tr.OnServiceAdd(svc("a", "evil", "10.96.0.66", "10.96.0.10"))
-	tr.OnEndpointSliceAdd(slice("a", "evil", "10.1.0.66"))
+	tr.OnEndpointSliceAdd(model.SliceOf(slice("a", "evil", "10.1.0.66")))
 	snap, _ := tr.Snapshot()
 
 	dnsFlow := Flow{Protocol: unix.IPPROTO_UDP, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), ReplySrc: netip.MustParseAddr("10.1.0.2")}

@@ -78,7 +78,7 @@ func ShouldSkip(svc *corev1.Service) (bool, string) {
 // the Service or its slices are left out, each reported by one FieldError,
 // and the rest is built as usual. The result is ordered by IP family, then
 // by the order of spec.ports.
-func BuildServicePorts(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, node Node) ([]*ServicePort, []error) {
+func BuildServicePorts(svc *corev1.Service, epSlices []*Slice, node Node) ([]*ServicePort, []error) {
 	if svc == nil {
 		return nil, []error{errors.New("model: nil Service")}
 	}
@@ -267,8 +267,8 @@ type portKey struct {
 
 // endpoints merges the endpoints of the Service's slices per family and
 // port, deduplicated by address and port and sorted.
-func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*discoveryv1.EndpointSlice, node Node) map[corev1.IPFamily]map[portKey][]Endpoint {
-	var own []*discoveryv1.EndpointSlice
+func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*Slice, node Node) map[corev1.IPFamily]map[portKey][]Endpoint {
+	var own []*Slice
 	for _, s := range all {
 		if s != nil && s.Namespace == svc.Namespace && s.Labels[discoveryv1.LabelServiceName] == svc.Name &&
 			findFamily(fams, corev1.IPFamily(s.AddressType)) != nil {
@@ -276,7 +276,7 @@ func (b *builder) endpoints(svc *corev1.Service, fams []*familyAddrs, all []*dis
 		}
 	}
 	// Merging in name order makes the choice between duplicates stable.
-	slices.SortFunc(own, func(x, y *discoveryv1.EndpointSlice) int { return strings.Compare(x.Name, y.Name) })
+	slices.SortFunc(own, func(x, y *Slice) int { return strings.Compare(x.Name, y.Name) })
 
 	// Each port's endpoints, in slice-name order, then sorted and rid of
 	// duplicates (dedupe). A slice per port, made once at its largest
@@ -342,7 +342,7 @@ func dedupe(eps []Endpoint) []Endpoint {
 
 // slicePorts returns the valid ports of an EndpointSlice by name and
 // protocol.
-func (b *builder) slicePorts(s *discoveryv1.EndpointSlice) map[portKey]int32 {
+func (b *builder) slicePorts(s *Slice) map[portKey]int32 {
 	out := map[portKey]int32{}
 	for i, p := range s.Ports {
 		f := fmt.Sprintf("ports[%d]", i)
@@ -372,36 +372,32 @@ func (b *builder) slicePorts(s *discoveryv1.EndpointSlice) map[portKey]int32 {
 }
 
 // endpoint converts endpoint i of slice s, without its port.
-func (b *builder) endpoint(s *discoveryv1.EndpointSlice, i int, fam corev1.IPFamily, node Node) (Endpoint, bool) {
+func (b *builder) endpoint(s *Slice, i int, fam corev1.IPFamily, node Node) (Endpoint, bool) {
 	e := s.Endpoints[i]
 	// field is the path of the failing field (only a failure spends
 	// the formatting: 100 000 endpoints at start-up at 10k services).
 	field := func(suffix string) string { return fmt.Sprintf("endpoints[%d].addresses%s", i, suffix) }
-	if len(e.Addresses) == 0 {
+	if !e.HasAddress {
 		b.fail(s.Name, field(""), "", "no address")
 		return Endpoint{}, false
 	}
 	// All addresses of an endpoint are the same backend; use the first,
 	// as kube-proxy does.
-	ip, ok := parseIP(e.Addresses[0])
+	ip, ok := parseIP(e.Address)
 	if !ok {
-		b.fail(s.Name, field("[0]"), e.Addresses[0], "not an IP address")
+		b.fail(s.Name, field("[0]"), e.Address, "not an IP address")
 		return Endpoint{}, false
 	}
 	if familyOf(ip) != fam {
-		b.fail(s.Name, field("[0]"), e.Addresses[0], "not an address of the slice's type "+string(fam))
+		b.fail(s.Name, field("[0]"), e.Address, "not an address of the slice's type "+string(fam))
 		return Endpoint{}, false
 	}
-	c := e.Conditions
 	ep := Endpoint{
 		IP:          ip,
-		Ready:       c.Ready == nil || *c.Ready,
-		Terminating: c.Terminating != nil && *c.Terminating,
+		Ready:       e.Ready,
+		Serving:     e.Serving,
+		Terminating: e.Terminating,
 		IsLocal:     node.Name != "" && deref(e.NodeName) == node.Name,
-	}
-	ep.Serving = true
-	if c.Serving != nil {
-		ep.Serving = *c.Serving
 	}
 	if h := e.Hints; h != nil {
 		ep.ZoneHint = hintFor(h.ForZones, func(z discoveryv1.ForZone) bool { return z.Name == node.Zone })

@@ -41,7 +41,7 @@ func TestShouldSkip(t *testing.T) {
 				t.Errorf("ShouldSkip = %v, %q; want %v, containing %q", skip, reason, tt.wantSkip, tt.wantReason)
 			}
 			if skip {
-				sps, errs := BuildServicePorts(tt.svc, []*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(80), ep("10.1.0.1"))}, Node{Name: node})
+				sps, errs := BuildServicePorts(tt.svc, slicesOf([]*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(80), ep("10.1.0.1"))}), Node{Name: node})
 				if sps != nil || errs != nil {
 					t.Errorf("BuildServicePorts of skipped service = %v, %v; want nothing", sps, errs)
 				}
@@ -77,7 +77,7 @@ func TestBuildServicePortsFull(t *testing.T) {
 		ep("10.1.0.1", on(node), func(e *discoveryv1.Endpoint) { e.Zone = &zone }),
 	)}
 
-	got, errs := BuildServicePorts(svc, eps, Node{Name: node})
+	got, errs := BuildServicePorts(svc, slicesOf(eps), Node{Name: node})
 	if errs != nil {
 		t.Fatalf("errors: %v", errs)
 	}
@@ -223,7 +223,7 @@ func TestBuildServicePorts(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, errs := BuildServicePorts(tt.svc, tt.slices, Node{Name: node})
+			got, errs := BuildServicePorts(tt.svc, slicesOf(tt.slices), Node{Name: node})
 			if errs != nil {
 				t.Fatalf("errors: %v", errs)
 			}
@@ -251,7 +251,7 @@ func TestBuildEndpointConditions(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", tt.opts...))
-			got, errs := BuildServicePorts(service(), []*discoveryv1.EndpointSlice{s}, Node{Name: node})
+			got, errs := BuildServicePorts(service(), slicesOf([]*discoveryv1.EndpointSlice{s}), Node{Name: node})
 			if errs != nil || len(got) != 1 || len(got[0].Endpoints) != 1 {
 				t.Fatalf("got %v, %v; want one port with one endpoint", got, errs)
 			}
@@ -263,7 +263,7 @@ func TestBuildEndpointConditions(t *testing.T) {
 	}
 	t.Run("no node name, nothing is local", func(t *testing.T) {
 		s := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))
-		got, _ := BuildServicePorts(service(), []*discoveryv1.EndpointSlice{s}, Node{})
+		got, _ := BuildServicePorts(service(), slicesOf([]*discoveryv1.EndpointSlice{s}), Node{})
 		if got[0].Endpoints[0].IsLocal {
 			t.Error("endpoint without node name is local on a node without name")
 		}
@@ -292,7 +292,7 @@ func TestBuildDuplicatePreference(t *testing.T) {
 			t.Run(tt.name+" "+order[0]+order[1], func(t *testing.T) {
 				worse := slice(order[0], discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", tt.a...))
 				better := slice(order[1], discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", tt.b...))
-				got, errs := BuildServicePorts(service(), []*discoveryv1.EndpointSlice{worse, better}, Node{Name: node})
+				got, errs := BuildServicePorts(service(), slicesOf([]*discoveryv1.EndpointSlice{worse, better}), Node{Name: node})
 				if errs != nil || len(got[0].Endpoints) != 1 {
 					t.Fatalf("got %v, %v; want one endpoint", got[0].Endpoints, errs)
 				}
@@ -313,7 +313,7 @@ func TestBuildDuplicateTie(t *testing.T) {
 	a := slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2", on(node)), ep("10.1.0.1", on(node)))
 	b := slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", on("b")), ep("10.1.0.3", on("b")), ep("10.1.0.2", on("b")))
 	for _, in := range [][]*discoveryv1.EndpointSlice{{a, b}, {b, a}} {
-		got, errs := BuildServicePorts(service(), in, Node{Name: node})
+		got, errs := BuildServicePorts(service(), slicesOf(in), Node{Name: node})
 		if errs != nil || len(got) != 1 {
 			t.Fatalf("got %v, %v; want one port", got, errs)
 		}
@@ -363,7 +363,7 @@ func TestBuildSessionAffinityAndRanges(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, errs := BuildServicePorts(tt.svc, nil, Node{Name: node})
+			got, errs := BuildServicePorts(tt.svc, slicesOf(nil), Node{Name: node})
 			if errs != nil {
 				t.Fatalf("errors: %v", errs)
 			}
@@ -514,7 +514,7 @@ func TestBuildMalformed(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, errs := BuildServicePorts(tt.svc, tt.slices, Node{Name: node})
+			got, errs := BuildServicePorts(tt.svc, slicesOf(tt.slices), Node{Name: node})
 			if len(errs) != len(tt.wantErrs) {
 				t.Errorf("got %d errors, want %d: %v", len(errs), len(tt.wantErrs), errs)
 			}
@@ -533,7 +533,7 @@ func TestBuildMalformed(t *testing.T) {
 		})
 	}
 	t.Run("nil service", func(t *testing.T) {
-		got, errs := BuildServicePorts(nil, []*discoveryv1.EndpointSlice{good}, Node{Name: node})
+		got, errs := BuildServicePorts(nil, slicesOf([]*discoveryv1.EndpointSlice{good}), Node{Name: node})
 		if got != nil || len(errs) != 1 {
 			t.Errorf("got %v, %v; want no ports and one error", got, errs)
 		}

@@ -234,7 +234,7 @@ func TestClaimChangesReachTheChangeSet(t *testing.T) {
 	// An endpoint change of the winner leaves the loser alone.
 	dnsSlice := slice("dns-1", discoveryv1.AddressTypeIPv4, http(53), ep("10.1.0.1"))
 	dnsSlice.Namespace, dnsSlice.Labels[discoveryv1.LabelServiceName] = "kube-system", "dns"
-	tr.OnEndpointSliceAdd(dnsSlice)
+	tr.OnEndpointSliceAdd(SliceOf(dnsSlice))
 	if _, changed := tr.Snapshot(); !slices.Equal(changeNames(changed), []string{"kube-system/dns:http/TCP"}) {
 		t.Errorf("endpoint of dns changed: changed %v, want only kube-system/dns:http/TCP", changeNames(changed))
 	}

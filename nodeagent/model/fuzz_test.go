@@ -65,7 +65,7 @@ func FuzzTracker(f *testing.F) {
 			tr.SetNodeAddrs([]netip.Addr{ip})
 		}
 		tr.OnServiceAdd(other)
-		tr.OnEndpointSliceAdd(slice)
+		tr.OnEndpointSliceAdd(SliceOf(slice))
 		tr.OnServiceAdd(svc)
 		snap, _ := tr.Snapshot()
 		checkModel(t, snap, tr)

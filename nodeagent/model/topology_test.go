@@ -230,7 +230,7 @@ func TestTopologyAwareRouting(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sps, errs := BuildServicePorts(service(tt.svc...), []*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(8080), tt.eps...)}, tt.node)
+			sps, errs := BuildServicePorts(service(tt.svc...), slicesOf([]*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(8080), tt.eps...)}), tt.node)
 			if len(errs) > 0 || len(sps) != 1 {
 				t.Fatalf("build: %d ports, errors %v", len(sps), errs)
 			}
@@ -272,7 +272,7 @@ func TestBuildHints(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sps, errs := BuildServicePorts(service(), []*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", tt.opts...))}, n)
+			sps, errs := BuildServicePorts(service(), slicesOf([]*discoveryv1.EndpointSlice{slice("s", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1", tt.opts...))}), n)
 			if len(errs) > 0 || len(sps) != 1 || len(sps[0].Endpoints) != 1 {
 				t.Fatalf("build: %v, errors %v", sps, errs)
 			}
@@ -289,15 +289,15 @@ func TestBuildHints(t *testing.T) {
 func TestTrackerNodeZone(t *testing.T) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(service())
-	tr.OnEndpointSliceAdd(slice("web-1", discoveryv1.AddressTypeIPv4, http(8080),
-		ep("10.1.0.1", forZones("zone-a")), ep("10.1.0.2", forZones("zone-b"))))
+	tr.OnEndpointSliceAdd(SliceOf(slice("web-1", discoveryv1.AddressTypeIPv4, http(8080),
+		ep("10.1.0.1", forZones("zone-a")), ep("10.1.0.2", forZones("zone-b")))))
 	plain := service(func(s *corev1.Service) {
 		s.Name, s.Spec.ClusterIP, s.Spec.ClusterIPs = "api", "10.0.0.2", []string{"10.0.0.2"}
 	})
 	tr.OnServiceAdd(plain)
 	apiSlice := slice("api-1", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.3"))
 	apiSlice.Labels[discoveryv1.LabelServiceName] = "api"
-	tr.OnEndpointSliceAdd(apiSlice)
+	tr.OnEndpointSliceAdd(SliceOf(apiSlice))
 	tr.Snapshot()
 
 	web := ServicePortName{Namespace: "ns", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}

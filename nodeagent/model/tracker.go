@@ -17,8 +17,9 @@ import (
 // Tracker keeps the model of one node up to date from informer events and
 // records which service ports changed. It is safe for concurrent use.
 //
-// The event methods take the API objects themselves: on deletes the caller
-// unwraps cache.DeletedFinalStateUnknown first. Nil objects are ignored.
+// The event methods take the API objects themselves (an EndpointSlice as
+// the Slice the informers keep of it): on deletes the caller unwraps
+// cache.DeletedFinalStateUnknown first. Nil objects are ignored.
 // The Tracker keeps the objects it is given and never modifies them, so
 // they must not be modified afterwards either (informer cache objects
 // never are).
@@ -38,7 +39,7 @@ type Tracker struct {
 	// also for services not seen yet; owner maps a slice back to its
 	// service. A list, not a map by name: most services have one slice,
 	// and a map for each took 3 MB at 10 000 services.
-	slices map[ServiceName][]*discoveryv1.EndpointSlice
+	slices map[ServiceName][]*Slice
 	owner  map[types.NamespacedName]ServiceName
 	// built is each service's last build and buildErrs its errors;
 	// published is what of it the model holds (the build without the
@@ -94,7 +95,7 @@ func NewTracker(nodeName string, onError func(error)) *Tracker {
 		spare:     make(chan map[corev1.IPFamily]map[ServicePortName]*ServicePort, 1),
 		start:     time.Now(),
 		services:  map[ServiceName]*corev1.Service{},
-		slices:    map[ServiceName][]*discoveryv1.EndpointSlice{},
+		slices:    map[ServiceName][]*Slice{},
 		owner:     map[types.NamespacedName]ServiceName{},
 		built:     map[ServiceName][]*ServicePort{},
 		buildErrs: map[ServiceName][]error{},
@@ -205,13 +206,13 @@ func (t *Tracker) OnServiceDelete(svc *corev1.Service) {
 }
 
 // OnEndpointSliceAdd records a new EndpointSlice.
-func (t *Tracker) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) { t.OnEndpointSliceUpdate(s) }
+func (t *Tracker) OnEndpointSliceAdd(s *Slice) { t.OnEndpointSliceUpdate(s) }
 
 // OnEndpointSliceUpdate records the new state of an EndpointSlice. A slice
 // without the kubernetes.io/service-name label belongs to no service and
 // is ignored. The slice's last-change-trigger-time, if it has one and it
 // is later than the Tracker's start, goes to the next Snapshot.
-func (t *Tracker) OnEndpointSliceUpdate(s *discoveryv1.EndpointSlice) {
+func (t *Tracker) OnEndpointSliceUpdate(s *Slice) {
 	if s == nil {
 		return
 	}
@@ -234,7 +235,7 @@ func (t *Tracker) OnEndpointSliceUpdate(s *discoveryv1.EndpointSlice) {
 }
 
 // OnEndpointSliceDelete records the deletion of an EndpointSlice.
-func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) {
+func (t *Tracker) OnEndpointSliceDelete(s *Slice) {
 	if s == nil {
 		return
 	}
@@ -250,7 +251,7 @@ func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) {
 // trigger returns the trigger time of slice s, if it has one to measure.
 // Like kube-proxy, it takes slices of IPv4 and IPv6 addresses only, and
 // only changes triggered after the Tracker started.
-func (t *Tracker) trigger(s *discoveryv1.EndpointSlice) (Trigger, bool) {
+func (t *Tracker) trigger(s *Slice) (Trigger, bool) {
 	fam, ok := sliceFamily(s)
 	v, has := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
 	if !ok || !has {
@@ -264,7 +265,7 @@ func (t *Tracker) trigger(s *discoveryv1.EndpointSlice) (Trigger, bool) {
 }
 
 // sliceFamily is the IP family of slice s's addresses.
-func sliceFamily(s *discoveryv1.EndpointSlice) (corev1.IPFamily, bool) {
+func sliceFamily(s *Slice) (corev1.IPFamily, bool) {
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
 		return corev1.IPv4Protocol, true
@@ -276,7 +277,7 @@ func sliceFamily(s *discoveryv1.EndpointSlice) (corev1.IPFamily, bool) {
 
 // observeSlice tells the observer of an event of slice s, if it is one
 // that kube-proxy counts: a slice of IP addresses of a service.
-func (t *Tracker) observeSlice(s *discoveryv1.EndpointSlice) {
+func (t *Tracker) observeSlice(s *Slice) {
 	if _, ok := sliceFamily(s); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
 		t.observe(Observer.EndpointSliceChange)
 	}
@@ -290,14 +291,14 @@ func (t *Tracker) observe(f func(Observer)) {
 }
 
 // removeSlice forgets slice s and returns the service it belonged to.
-func (t *Tracker) removeSlice(s *discoveryv1.EndpointSlice) []ServiceName {
+func (t *Tracker) removeSlice(s *Slice) []ServiceName {
 	id := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
 	key, ok := t.owner[id]
 	if !ok {
 		return nil
 	}
 	delete(t.owner, id)
-	rest := slices.DeleteFunc(t.slices[key], func(o *discoveryv1.EndpointSlice) bool { return o.Name == s.Name })
+	rest := slices.DeleteFunc(t.slices[key], func(o *Slice) bool { return o.Name == s.Name })
 	if len(rest) == 0 {
 		delete(t.slices, key)
 	} else {

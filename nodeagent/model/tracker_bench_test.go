@@ -29,7 +29,7 @@ func BenchmarkEndpointChange10k(b *testing.B) {
 			s.Spec.ClusterIP = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
 			s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
 		}))
-		tr.OnEndpointSliceAdd(sliceOf(i, "10.1.0.1"))
+		tr.OnEndpointSliceAdd(SliceOf(sliceOf(i, "10.1.0.1")))
 	}
 	snapshotAndCopy := func() {
 		tr.Snapshot()
@@ -41,7 +41,7 @@ func BenchmarkEndpointChange10k(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		tr.OnEndpointSliceUpdate(sliceOf(i%n, fmt.Sprintf("10.2.%d.%d", i/256%256, i%256)))
+		tr.OnEndpointSliceUpdate(SliceOf(sliceOf(i%n, fmt.Sprintf("10.2.%d.%d", i/256%256, i%256))))
 		b.StopTimer()
 		if len(tr.changes) != 1 {
 			b.Fatalf("a change left %d changed ports", len(tr.changes))
@@ -86,7 +86,7 @@ func BenchmarkInitialLists10k(b *testing.B) {
 					tr.OnServiceAdd(svc)
 				}
 				for _, s := range sls {
-					tr.OnEndpointSliceAdd(s)
+					tr.OnEndpointSliceAdd(SliceOf(s))
 				}
 				snap, _ := tr.Snapshot()
 				if got := len(snap.Ports[corev1.IPv4Protocol]); got != n {

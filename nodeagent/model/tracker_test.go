@@ -67,12 +67,12 @@ func TestTracker(t *testing.T) {
 		wantModel     []string
 	}{{
 		name:        "slice before its service: nothing until the service arrives",
-		events:      func(tr *Tracker) { tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1"))) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1")))) },
 		wantChanged: nil,
 		wantModel:   nil,
 	}, {
 		name:        "slice picked up when its service arrives",
-		setup:       func(tr *Tracker) { tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1"))) },
+		setup:       func(tr *Tracker) { tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1")))) },
 		events:      func(tr *Tracker) { tr.OnServiceAdd(service()) },
 		wantChanged: []string{"ns/web:http/TCP"},
 		wantModel:   []string{"ns/web:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.1:8080"},
@@ -80,7 +80,7 @@ func TestTracker(t *testing.T) {
 		name: "updates that change nothing",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service())
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
 		events: func(tr *Tracker) {
 			tr.OnServiceUpdate(service(func(s *corev1.Service) {
@@ -89,8 +89,8 @@ func TestTracker(t *testing.T) {
 			}))
 			s := httpSlice(ep("10.1.0.1"))
 			s.ResourceVersion = "2"
-			tr.OnEndpointSliceUpdate(s)
-			tr.OnEndpointSliceDelete(slice("never-seen", v4, nil))
+			tr.OnEndpointSliceUpdate(SliceOf(s))
+			tr.OnEndpointSliceDelete(SliceOf(slice("never-seen", v4, nil)))
 			tr.OnServiceDelete(service(otherService))
 		},
 		wantChanged: nil,
@@ -99,10 +99,10 @@ func TestTracker(t *testing.T) {
 		name: "endpoint removed: only its port changed",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service(twoPorts))
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1"), ep("10.1.0.2")))
-			tr.OnEndpointSliceAdd(metricsSlice)
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"), ep("10.1.0.2"))))
+			tr.OnEndpointSliceAdd(SliceOf(metricsSlice))
 		},
-		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(httpSlice(ep("10.1.0.2"))) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(SliceOf(httpSlice(ep("10.1.0.2")))) },
 		wantChanged: []string{"ns/web:http/TCP"},
 		wantModel: []string{
 			"ns/web:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.2:8080",
@@ -112,19 +112,19 @@ func TestTracker(t *testing.T) {
 		name: "endpoint condition changed",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service())
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
-		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(httpSlice(ep("10.1.0.1", draining))) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(SliceOf(httpSlice(ep("10.1.0.1", draining)))) },
 		wantChanged: []string{"ns/web:http/TCP"},
 		wantModel:   []string{"ns/web:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.1:8080"},
 	}, {
 		name: "slice deleted",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service(twoPorts))
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
-			tr.OnEndpointSliceAdd(metricsSlice)
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
+			tr.OnEndpointSliceAdd(SliceOf(metricsSlice))
 		},
-		events:      func(tr *Tracker) { tr.OnEndpointSliceDelete(metricsSlice) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceDelete(SliceOf(metricsSlice)) },
 		wantChanged: []string{"ns/web:metrics/TCP"},
 		wantModel: []string{
 			"ns/web:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.1:8080",
@@ -135,7 +135,7 @@ func TestTracker(t *testing.T) {
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service(dualStack, twoPorts))
 			tr.OnServiceAdd(service(otherService))
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
 		events:      func(tr *Tracker) { tr.OnServiceDelete(service(dualStack, twoPorts)) },
 		wantChanged: []string{"ns/web:http/TCP", "ns/web:metrics/TCP"},
@@ -144,7 +144,7 @@ func TestTracker(t *testing.T) {
 		name: "service deleted and added again keeps its slices",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service())
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
 		events: func(tr *Tracker) {
 			tr.OnServiceDelete(service())
@@ -182,11 +182,11 @@ func TestTracker(t *testing.T) {
 		name: "IPv6 endpoints changed in a dual-stack service",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service(dualStack))
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
-			tr.OnEndpointSliceAdd(slice("web-v6", v6, http(8080), ep("fd01::1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
+			tr.OnEndpointSliceAdd(SliceOf(slice("web-v6", v6, http(8080), ep("fd01::1"))))
 		},
 		events: func(tr *Tracker) {
-			tr.OnEndpointSliceUpdate(slice("web-v6", v6, http(8080), ep("fd01::1"), ep("fd01::2")))
+			tr.OnEndpointSliceUpdate(SliceOf(slice("web-v6", v6, http(8080), ep("fd01::1"), ep("fd01::2"))))
 		},
 		wantChanged: []string{"ns/web:http/TCP"},
 		wantModel: []string{
@@ -198,9 +198,9 @@ func TestTracker(t *testing.T) {
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service())
 			tr.OnServiceAdd(service(otherService))
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
-		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(relabelled(httpSlice(ep("10.1.0.1")), "api")) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(SliceOf(relabelled(httpSlice(ep("10.1.0.1")), "api"))) },
 		wantChanged: []string{"ns/api:http/TCP", "ns/web:http/TCP"},
 		wantModel: []string{
 			"ns/api:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps=10.1.0.1:8080",
@@ -210,9 +210,9 @@ func TestTracker(t *testing.T) {
 		name: "slice loses its service label",
 		setup: func(tr *Tracker) {
 			tr.OnServiceAdd(service())
-			tr.OnEndpointSliceAdd(httpSlice(ep("10.1.0.1")))
+			tr.OnEndpointSliceAdd(SliceOf(httpSlice(ep("10.1.0.1"))))
 		},
-		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(relabelled(httpSlice(ep("10.1.0.1")), "")) },
+		events:      func(tr *Tracker) { tr.OnEndpointSliceUpdate(SliceOf(relabelled(httpSlice(ep("10.1.0.1")), ""))) },
 		wantChanged: []string{"ns/web:http/TCP"},
 		wantModel:   []string{"ns/web:http/TCP IPv4 10.0.0.1:80/TCP np=0 eps="},
 	}}
@@ -244,11 +244,11 @@ func TestTracker(t *testing.T) {
 func TestTrackerSnapshotIsolation(t *testing.T) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(service())
-	tr.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
 	first, _ := tr.Snapshot()
 	before := modelLines(first)
 
-	tr.OnEndpointSliceUpdate(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2")))
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
 	tr.OnServiceAdd(service(func(s *corev1.Service) { s.Name = "api" }))
 	second, _ := tr.Snapshot()
 
@@ -267,7 +267,7 @@ func TestTrackerSnapshotIsolation(t *testing.T) {
 func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(service())
-	tr.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
 	first, _ := tr.Snapshot()
 	deadline := time.Now().Add(10 * time.Second)
 	for len(tr.spare) == 0 && time.Now().Before(deadline) {
@@ -277,7 +277,7 @@ func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 		t.Fatalf("10 s after a Snapshot, no copy of the model is ready for the next write")
 	}
 	before := modelLines(first)
-	tr.OnEndpointSliceUpdate(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2")))
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
 	if len(tr.spare) != 0 {
 		t.Errorf("the write did not take the copy made ahead")
 	}
@@ -311,20 +311,20 @@ func TestTrackerReportsErrorsOnce(t *testing.T) {
 
 	tr.OnServiceAdd(service(bad))
 	tr.OnServiceUpdate(service(bad))
-	tr.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
 	if want := []string{`service ns/web: spec.externalIPs[0] "nope": not an IP address`}; !slices.Equal(got, want) {
 		t.Fatalf("reported %q, want %q", got, want)
 	}
 
 	got = nil
-	tr.OnEndpointSliceUpdate(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"), ep("x")))
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"), ep("x"))))
 	if len(got) != 2 || !strings.Contains(got[1], `endpointslice a: endpoints[1].addresses[0] "x"`) {
 		t.Fatalf("after a new error reported %q, want both errors again", got)
 	}
 
 	got = nil
 	tr.OnServiceUpdate(service())
-	tr.OnEndpointSliceUpdate(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
 	tr.OnServiceUpdate(service(bad))
 	if len(got) != 2 || !strings.Contains(got[1], "spec.externalIPs[0]") {
 		t.Errorf("after the errors were fixed and came back, reported %q, want them again", got)
@@ -344,7 +344,7 @@ func TestTrackerConcurrent(t *testing.T) {
 				sl := slice(fmt.Sprintf("%s-%d", name, g), discoveryv1.AddressTypeIPv4, http(8080), ep(fmt.Sprintf("10.1.%d.%d", g, i%5)))
 				sl.Labels[discoveryv1.LabelServiceName] = name
 				tr.OnServiceAdd(s)
-				tr.OnEndpointSliceUpdate(sl)
+				tr.OnEndpointSliceUpdate(SliceOf(sl))
 				if i%10 == 0 {
 					tr.OnServiceDelete(s)
 				}
@@ -379,8 +379,8 @@ func TestTrackerIgnoresNil(t *testing.T) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(nil)
 	tr.OnServiceDelete(nil)
-	tr.OnEndpointSliceAdd(nil)
-	tr.OnEndpointSliceDelete(nil)
+	tr.OnEndpointSliceAdd(SliceOf(nil))
+	tr.OnEndpointSliceDelete(SliceOf(nil))
 	if snap, changes := tr.Snapshot(); len(changes) != 0 || len(modelLines(snap)) != 0 {
 		t.Errorf("nil events changed the model: %v", changeNames(changes))
 	}
@@ -398,8 +398,8 @@ func TestDeferUntilSnapshot(t *testing.T) {
 	bad := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"nope"} }
 	for _, feed := range []*Tracker{tr, each} {
 		feed.OnServiceAdd(service(bad))
-		feed.OnEndpointSliceAdd(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1")))
-		feed.OnEndpointSliceAdd(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2")))
+		feed.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
+		feed.OnEndpointSliceAdd(SliceOf(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
 	}
 	if len(tr.built) != 0 || len(tr.ports[corev1.IPv4Protocol]) != 0 || len(got) != 0 {
 		t.Fatalf("before the Snapshot: %d services built, %d ports, errors %q; want none", len(tr.built), len(tr.ports[corev1.IPv4Protocol]), got)
@@ -423,7 +423,7 @@ func TestDeferUntilSnapshot(t *testing.T) {
 	}
 
 	got = nil
-	tr.OnEndpointSliceUpdate(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.3")))
+	tr.OnEndpointSliceUpdate(SliceOf(slice("b", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.3"))))
 	if _, changes := tr.Snapshot(); len(changes) != 1 || len(tr.deferred) != 0 {
 		t.Errorf("an event after the Snapshot left changes %v (deferred %d), want web's port, built at the event", changes, len(tr.deferred))
 	}

@@ -25,42 +25,42 @@ func TestTrackerTriggers(t *testing.T) {
 	}{{
 		name: "a slice's trigger time, with its family",
 		events: func(tr *Tracker) {
-			tr.OnEndpointSliceAdd(triggered(slice("web-v6", v6, http(8080), ep("fd00::1")), at))
+			tr.OnEndpointSliceAdd(SliceOf(triggered(slice("web-v6", v6, http(8080), ep("fd00::1")), at)))
 		},
 		want: []Trigger{{Family: corev1.IPv6Protocol, Time: at}},
 	}, {
 		name:   "no annotation: not measured",
-		events: func(tr *Tracker) { tr.OnEndpointSliceAdd(slice("web-http", v4, http(8080), ep("10.1.0.1"))) },
+		events: func(tr *Tracker) { tr.OnEndpointSliceAdd(SliceOf(slice("web-http", v4, http(8080), ep("10.1.0.1")))) },
 	}, {
 		name: "triggered before the tracker started: not measured",
 		events: func(tr *Tracker) {
-			tr.OnEndpointSliceAdd(triggered(slice("web-http", v4, http(8080), ep("10.1.0.1")), start.Add(-time.Second)))
+			tr.OnEndpointSliceAdd(SliceOf(triggered(slice("web-http", v4, http(8080), ep("10.1.0.1")), start.Add(-time.Second))))
 		},
 	}, {
 		name: "unparseable annotation: not measured",
 		events: func(tr *Tracker) {
 			s := slice("web-http", v4, http(8080), ep("10.1.0.1"))
 			s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "yesterday"}
-			tr.OnEndpointSliceAdd(s)
+			tr.OnEndpointSliceAdd(SliceOf(s))
 		},
 	}, {
 		name: "FQDN slices: not measured",
 		events: func(tr *Tracker) {
-			tr.OnEndpointSliceAdd(triggered(slice("web-fqdn", discoveryv1.AddressTypeFQDN, http(8080), ep("a.example")), at))
+			tr.OnEndpointSliceAdd(SliceOf(triggered(slice("web-fqdn", discoveryv1.AddressTypeFQDN, http(8080), ep("a.example")), at)))
 		},
 	}, {
 		name: "every update of a slice is measured",
 		events: func(tr *Tracker) {
-			tr.OnEndpointSliceAdd(triggered(slice("web-http", v4, http(8080), ep("10.1.0.1")), at))
-			tr.OnEndpointSliceUpdate(triggered(slice("web-http", v4, http(8080), ep("10.1.0.2")), at.Add(time.Second)))
+			tr.OnEndpointSliceAdd(SliceOf(triggered(slice("web-http", v4, http(8080), ep("10.1.0.1")), at)))
+			tr.OnEndpointSliceUpdate(SliceOf(triggered(slice("web-http", v4, http(8080), ep("10.1.0.2")), at.Add(time.Second))))
 		},
 		want: []Trigger{{Family: corev1.IPv4Protocol, Time: at}, {Family: corev1.IPv4Protocol, Time: at.Add(time.Second)}},
 	}, {
 		name: "a deleted slice's changes are not measured",
 		events: func(tr *Tracker) {
 			s := triggered(slice("web-http", v4, http(8080), ep("10.1.0.1")), at)
-			tr.OnEndpointSliceAdd(s)
-			tr.OnEndpointSliceDelete(s)
+			tr.OnEndpointSliceAdd(SliceOf(s))
+			tr.OnEndpointSliceDelete(SliceOf(s))
 		},
 	}}
 	for _, tc := range tests {
@@ -98,15 +98,15 @@ func TestTrackerObserver(t *testing.T) {
 	o := &countingObserver{}
 	tr.Observe(o)
 	s := slice("web-http", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))
-	tr.OnEndpointSliceAdd(s) // its service is not known yet: nothing to sync
+	tr.OnEndpointSliceAdd(SliceOf(s)) // its service is not known yet: nothing to sync
 	tr.OnServiceAdd(service())
 	tr.Snapshot()
 	tr.OnServiceUpdate(service()) // no change: nothing to sync
 	unlabelled := s.DeepCopy()
 	unlabelled.Name, unlabelled.Labels = "stray", nil
-	tr.OnEndpointSliceAdd(unlabelled)
-	tr.OnEndpointSliceAdd(slice("web-fqdn", discoveryv1.AddressTypeFQDN, http(8080), ep("a.example")))
-	tr.OnEndpointSliceDelete(s)
+	tr.OnEndpointSliceAdd(SliceOf(unlabelled))
+	tr.OnEndpointSliceAdd(SliceOf(slice("web-fqdn", discoveryv1.AddressTypeFQDN, http(8080), ep("a.example"))))
+	tr.OnEndpointSliceDelete(SliceOf(s))
 	if *o != (countingObserver{services: 2, slices: 2, queued: 2}) {
 		t.Errorf("observed %+v, want 2 service events, 2 slice events (not the stray or FQDN one), 2 queued", *o)
 	}

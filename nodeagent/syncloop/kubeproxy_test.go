@@ -87,7 +87,7 @@ func TestKubeProxyChangeMetrics(t *testing.T) {
 	tr.Observe(m)
 	tr.OnServiceAdd(testService())
 	tr.OnServiceUpdate(testService())
-	tr.OnEndpointSliceAdd(testSlice("web-1", "198.18.1.1", time.Time{}))
+	tr.OnEndpointSliceAdd(model.SliceOf(testSlice("web-1", "198.18.1.1", time.Time{})))
 	if got := testutil.ToFloat64(m.KubeProxy.ServiceChanges); got != 2 {
 		t.Errorf("service changes = %v, want 2", got)
 	}
@@ -116,7 +116,7 @@ func TestNetworkProgrammingFromTriggerTime(t *testing.T) {
 		run(t, Config{SyncPeriod: time.Hour}, tr, be, m)
 		synctest.Wait()
 
-		tr.OnEndpointSliceAdd(testSlice("web-1", "198.18.1.1", time.Now().Add(-5*time.Second)))
+		tr.OnEndpointSliceAdd(model.SliceOf(testSlice("web-1", "198.18.1.1", time.Now().Add(-5*time.Second))))
 		synctest.Wait()
 		n, sum := histogram(t, m.KubeProxy.NetworkProgramming, "IPv4")
 		if n != 1 || sum < 5 {
@@ -126,7 +126,7 @@ func TestNetworkProgrammingFromTriggerTime(t *testing.T) {
 			t.Error("proxyshift_network_programming_duration_seconds must run from when the agent heard of the change")
 		}
 
-		tr.OnEndpointSliceAdd(testSlice("web-2", "198.18.1.2", time.Time{}))
+		tr.OnEndpointSliceAdd(model.SliceOf(testSlice("web-2", "198.18.1.2", time.Time{})))
 		synctest.Wait()
 		if s, _ := be.snapshot(); len(s) != 3 {
 			t.Fatalf("%d syncs, want 3 (first, and one per slice)", len(s))

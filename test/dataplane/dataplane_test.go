@@ -211,7 +211,7 @@ func claimed(p pods, fam ipFamily) map[model.ServicePortName]*model.ServicePort 
 			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: new(pname), Port: new(int32(netlab.ServerPort)), Protocol: new(corev1.ProtocolTCP)})
 		}
 		tr.OnServiceAdd(svc)
-		tr.OnEndpointSliceAdd(slice)
+		tr.OnEndpointSliceAdd(model.SliceOf(slice))
 	}
 	add("victim", victimIP, []int32{80}, p.a)
 	add("hijacker", hijackerIP, []int32{80, sshPort}, p.d, victimIP, netlab.NodeIP, hijackerExt)

@@ -135,7 +135,7 @@ func runTopology(t *testing.T, row backend) {
 	} {
 		svc, slice := s.objects()
 		tr.OnServiceAdd(svc)
-		tr.OnEndpointSliceAdd(slice)
+		tr.OnEndpointSliceAdd(model.SliceOf(slice))
 	}
 
 	ctx := t.Context()
