@@ -114,8 +114,8 @@ func shareNodeNames(eps []discoveryv1.Endpoint) {
 // Each object decoded from the API server carries its own copy of every
 // string in it, and its own pointer to every optional field: the same
 // "TCP", "Cluster" or node name as many times as objects name it. share
-// and its kin make the objects
-// the cache keeps point to one copy of each instead. Strings go through
+// and its kin make the objects the cache keeps point to one copy of each
+// instead. Strings go through
 // Go's unique package, which keeps one copy of each string while any
 // object refers to it (so names of nodes long gone do not pile up);
 // pointers to the values the API defines point to one variable per

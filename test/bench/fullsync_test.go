@@ -63,12 +63,14 @@ func TestFullSyncKeepsServing(t *testing.T) {
 	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		t.Fatal(err)
 	}
-	targets := []netip.AddrPort{ServiceAddr(0), ServiceAddr(n / 2), ServiceAddr(n - 1)}
+	var targets []netip.AddrPort
 	endpoints := map[netip.AddrPort]map[netip.Addr]bool{}
 	for _, i := range []int{0, n / 2, n - 1} {
-		endpoints[ServiceAddr(i)] = map[netip.Addr]bool{}
+		tg := ServiceAddr(i)
+		targets = append(targets, tg)
+		endpoints[tg] = map[netip.Addr]bool{}
 		for _, ep := range sps[i].Endpoints {
-			endpoints[ServiceAddr(i)][ep.IP] = true
+			endpoints[tg][ep.IP] = true
 		}
 	}
 	answeredByItsOwn := func(target netip.AddrPort, ep netip.Addr) error {

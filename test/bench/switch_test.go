@@ -1,9 +1,14 @@
 package bench
 
 import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,5 +110,30 @@ func TestChartsWritten(t *testing.T) {
 		if !strings.Contains(string(b), "]("+f+")") {
 			t.Errorf("%s not linked:\n%s", f, b)
 		}
+	}
+}
+
+// TestProberRecordCounts: a refused connection is a failure and a
+// refusal, a timed-out one a failure only, an answer after a connect of
+// a second or more a resend and no failure; the sample keeps the first
+// five failures.
+func TestProberRecordCounts(t *testing.T) {
+	p := &prober{}
+	tg := netip.MustParseAddrPort("198.19.1.0:80")
+	now := time.Now()
+	refused := &net.OpError{Op: "dial", Net: "tcp4", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	p.record(tg, now, time.Millisecond, refused)
+	p.record(tg, now, time.Second, context.DeadlineExceeded)
+	p.record(tg, now, 1200*time.Millisecond, nil)
+	p.record(tg, now, time.Millisecond, nil)
+	for range 5 {
+		p.record(tg, now, time.Millisecond, errors.New("answered by the wrong endpoint"))
+	}
+	c := p.counts
+	if c.Connects != 9 || c.Failures != 7 || c.Refused != 1 || c.Resent != 1 || len(c.Sample) != 5 {
+		t.Errorf("counts = %+v; want 9 connects, 7 failures, 1 refused, 1 resent, 5 in the sample", c)
+	}
+	if !strings.Contains(c.Sample[0], "connection refused") || !strings.Contains(c.Sample[0], tg.String()) {
+		t.Errorf("first sample %q does not name the target and the refusal", c.Sample[0])
 	}
 }
