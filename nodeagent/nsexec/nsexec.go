@@ -7,11 +7,15 @@ package nsexec
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 
 	"github.com/vishvananda/netns"
 )
@@ -105,12 +109,68 @@ func (ns NS) Output(ctx context.Context, stdin []byte, name string, args ...stri
 			cmd.Stdin = bytes.NewReader(stdin)
 		}
 		if err := cmd.Run(); err != nil {
-			return &Error{Cmd: strings.Join(append([]string{name}, args...), " "), Err: err, Stderr: strings.TrimSpace(stderr.String())}
+			return commandError(name, args, err, &stderr)
 		}
 		out = stdout.Bytes()
 		return nil
 	})
 	return out, err
+}
+
+// OutputFrom is Output with the standard input written by write while
+// the command runs, through a pipe: a command that reads its input as it
+// comes (iptables-restore parses line by line) works on the first part
+// while write produces the rest. If write fails for any reason but the
+// command having closed its end (it stopped reading: its own error, which
+// OutputFrom returns, says why), the command is killed before its input
+// ends, so that it never acts on a part of it. env ("NAME=value") is
+// added to the environment the command inherits; a variable the process
+// has already keeps its value.
+func (ns NS) OutputFrom(ctx context.Context, env []string, write func(io.Writer) error, name string, args ...string) ([]byte, error) {
+	path, err := LookPath(name)
+	if err != nil {
+		return nil, &Error{Cmd: name, Err: err}
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	if len(env) > 0 {
+		cmd.Env = os.Environ()
+		for _, kv := range env {
+			if k, _, _ := strings.Cut(kv, "="); os.Getenv(k) == "" {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, &Error{Cmd: name, Err: err}
+	}
+	if err := ns.Do(cmd.Start); err != nil {
+		stdin.Close()
+		return nil, commandError(name, args, err, &stderr)
+	}
+	werr := write(stdin)
+	// A broken pipe means the command is gone or going: its exit says why.
+	abort := werr != nil && !errors.Is(werr, syscall.EPIPE)
+	if abort {
+		_ = cmd.Process.Kill()
+	}
+	stdin.Close()
+	err = cmd.Wait()
+	switch {
+	case abort:
+		return nil, commandError(name, args, fmt.Errorf("write its input: %w", werr), &stderr)
+	case err != nil:
+		return nil, commandError(name, args, err, &stderr)
+	case werr != nil:
+		return nil, commandError(name, args, fmt.Errorf("it exited before reading all of its input: %w", werr), &stderr)
+	}
+	return stdout.Bytes(), nil
+}
+
+func commandError(name string, args []string, err error, stderr *bytes.Buffer) *Error {
+	return &Error{Cmd: strings.Join(append([]string{name}, args...), " "), Err: err, Stderr: strings.TrimSpace(stderr.String())}
 }
 
 // LookPath finds a command in $PATH, or else in /usr/sbin or /sbin,

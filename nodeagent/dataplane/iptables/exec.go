@@ -129,24 +129,45 @@ func lookPath(name string) (string, error) {
 // save returns the output of iptables-save for family f: every table the
 // variant has.
 func (r runner) save(ctx context.Context, f *family) ([]byte, error) {
-	return r.run(ctx, nil, r.command(f, "save"))
+	return r.run(ctx, r.command(f, "save"))
 }
 
-// restore runs one iptables-restore --noflush transaction for family f.
-// -w waits for the xtables lock, which the legacy variant takes.
-func (r runner) restore(ctx context.Context, f *family, input []byte) error {
-	_, err := r.run(ctx, input, r.command(f, "restore"), "-w", "5", "--noflush")
-	return err
+// restore runs iptables-restore --noflush for family f with input, one
+// transaction per table, writing the input while the command reads it:
+// at 10 000 services (130 000 lines, 15 MB) the command's parsing, on one
+// CPU, then overlaps the writing. -w waits for the xtables lock, which
+// the legacy variant takes. The command runs with restoreTunables.
+func (r runner) restore(ctx context.Context, f *family, input restoreInput) error {
+	path, err := lookPath(r.command(f, "restore"))
+	if err != nil {
+		return err
+	}
+	if _, err := r.netns.OutputFrom(ctx, restoreTunables, input.writeTo, path, "-w", "5", "--noflush"); err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	return nil
 }
 
-// run runs a command with stdin and returns its stdout; the error carries
-// its stderr.
-func (r runner) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+// restoreTunables set glibc's allocator for iptables-restore, which
+// allocates its whole transaction in small pieces before it sends it (at
+// 10 000 services 120 000 rules, 184 MB resident): its heap grows 256 MiB
+// at a time (top_pad; the default is 128 KiB) and is backed by
+// transparent huge pages where the kernel offers them on request
+// (hugetlb=1, glibc 2.35 and later; a glibc that does not know a tunable
+// ignores it). Page faults and the allocator's bookkeeping were a third
+// of the restore's time: by hand at 10 000 services, 2.40 to 2.50 s
+// without, 1.60 to 1.84 s with, for about 20 MB more resident (see the
+// README). A GLIBC_TUNABLES of the agent's own environment wins.
+var restoreTunables = []string{"GLIBC_TUNABLES=glibc.malloc.top_pad=268435456:glibc.malloc.hugetlb=1"}
+
+// run runs a command and returns its stdout; the error carries its
+// stderr.
+func (r runner) run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	path, err := lookPath(name)
 	if err != nil {
 		return nil, err
 	}
-	out, err := r.netns.Output(ctx, stdin, path, args...)
+	out, err := r.netns.Output(ctx, nil, path, args...)
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}

@@ -53,7 +53,7 @@ func TestLocalhostNodePortsRendering(t *testing.T) {
 			if served != (len(tc.want) > 0 && !tc.ipv6) {
 				t.Errorf("ServeLoopbackNodePorts = %v", served)
 			}
-			got := string(fullRestore(render(np, dt.PortsOf(dt.Scenarios()[0].Ports...)), nil))
+			got := fullRestore(render(np, dt.PortsOf(dt.Scenarios()[0].Ports...)), nil).text(t)
 			for _, w := range tc.want {
 				if !strings.Contains(got, w+"\n") {
 					t.Errorf("rendered rules lack\n%s\n%s", w, got)

@@ -143,10 +143,10 @@ func collision(chain, a, b string) *NameCollisionError {
 // belongs to, so that a sync can refuse a second port with the same one.
 type portKeys map[string]model.ServicePortName
 
-// claim records that port n uses its port prefix, and returns a
-// *NameCollisionError if another port has it.
-func (pk portKeys) claim(n model.ServicePortName) error {
-	key := namesFor(n).key
+// claim records that port n uses its port prefix key (namesFor(n).key,
+// which its portRules keep), and returns a *NameCollisionError if another
+// port has it.
+func (pk portKeys) claim(n model.ServicePortName, key string) error {
 	if o, ok := pk[key]; ok && o != n {
 		return collision(key+"-…", o.String(), n.String())
 	}

@@ -64,7 +64,7 @@ func (r runner) read(ctx context.Context, f *family, text map[string]bool, count
 			if !t.builtin[c] && !text[c] {
 				continue
 			}
-			out, err := r.run(ctx, nil, f.tool+"-nft", "-t", table, "-S", c)
+			out, err := r.run(ctx, f.tool+"-nft", "-t", table, "-S", c)
 			if err != nil {
 				return nil, err
 			}

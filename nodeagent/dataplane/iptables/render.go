@@ -32,6 +32,9 @@ type sharedRule struct {
 // portRules are everything one service port adds: its own chains and its
 // rules in the fixed chains.
 type portRules struct {
+	// key is the port's prefix (portNames.key): its block of a restore
+	// input, and what collisions claims.
+	key string
 	// chains are sorted by table, then name.
 	chains []*chain
 	shared []sharedRule
@@ -92,7 +95,7 @@ func render(np *dataplane.NodePolicy, ports map[model.ServicePortName]*model.Ser
 func (rs *ruleset) collisions() error {
 	rs.keys = portKeys{}
 	for _, name := range model.SortedNames(rs.ports) {
-		if err := rs.keys.claim(name); err != nil {
+		if err := rs.keys.claim(name, rs.ports[name].key); err != nil {
 			return err
 		}
 		if c := rs.ports[name].clash; c != nil {
@@ -187,7 +190,7 @@ func filterRules(np *dataplane.NodePolicy) []string {
 func renderPort(np *dataplane.NodePolicy, sp *model.ServicePort) *portRules {
 	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
-	pr := &portRules{}
+	pr := &portRules{key: n.key}
 	proto := strings.ToLower(string(sp.Protocol))
 	share := func(table, chain, spec string) {
 		pr.shared = append(pr.shared, sharedRule{table: table, chain: chain, spec: spec})

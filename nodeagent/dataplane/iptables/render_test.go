@@ -28,8 +28,8 @@ func TestRenderGolden(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
 			np := policyFor(sc.Config, sc.Family)
-			got := string(fullRestore(render(np, dt.PortsOf(sc.Ports...)), nil))
-			if again := string(fullRestore(render(np, dt.PortsOf(sc.Ports...)), nil)); again != got {
+			got := fullRestore(render(np, dt.PortsOf(sc.Ports...)), nil).text(t)
+			if again := fullRestore(render(np, dt.PortsOf(sc.Ports...)), nil).text(t); again != got {
 				t.Fatal("rendering is not deterministic")
 			}
 			for _, l := range strings.Split(got, "\n") {

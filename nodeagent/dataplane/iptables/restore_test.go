@@ -12,6 +12,16 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
+// text is the input as runner.restore writes it to iptables-restore.
+func (in restoreInput) text(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	if err := in.writeTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
 // testPorts are three services: web (ClusterIP, three endpoints), np
 // (NodePort) and db (ClusterIP).
 func testPorts() map[model.ServicePortName]*model.ServicePort {
@@ -69,7 +79,7 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	sp.Endpoints[1].Port = 9090 // one endpoint replaced by another
 
 	ch := changeOf(rs, name, &sp)
-	input := string(incrementalRestore([]portChange{ch}))
+	input := incrementalRestore([]portChange{ch}).text(t)
 	t.Logf("restore input:\n%s", input)
 
 	mine := chainsOfPort(ch.old, ch.new)
@@ -120,7 +130,7 @@ func TestIncrementalHairpinRules(t *testing.T) {
 	sp.Endpoints = slices.Clone(sp.Endpoints)
 	sp.Endpoints[0].IP = netip.MustParseAddr("10.244.1.6") // the local endpoint replaced by another
 
-	input := string(incrementalRestore([]portChange{changeOf(rs, name, &sp)}))
+	input := incrementalRestore([]portChange{changeOf(rs, name, &sp)}).text(t)
 	t.Logf("restore input:\n%s", input)
 	for _, want := range []string{
 		"-D " + chainPostrouting + " " + hairpin("10.244.1.5"),
@@ -140,7 +150,7 @@ func TestIncrementalSharedRules(t *testing.T) {
 	sp.Endpoints = nil // loses every endpoint: rejected from now on
 	n := namesFor(name)
 
-	input := string(incrementalRestore([]portChange{changeOf(rs, name, &sp)}))
+	input := incrementalRestore([]portChange{changeOf(rs, name, &sp)}).text(t)
 	t.Logf("restore input:\n%s", input)
 	want := []string{
 		"*nat",
@@ -172,7 +182,7 @@ func TestIncrementalDeletedPort(t *testing.T) {
 	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
 	name := nameOf("default", "np", "http")
 	ch := changeOf(rs, name, nil)
-	input := string(incrementalRestore([]portChange{ch}))
+	input := incrementalRestore([]portChange{ch}).text(t)
 	for c := range chainsOfPort(ch.old) {
 		if !strings.Contains(input, "-X "+c+"\n") {
 			t.Errorf("chain %s is not deleted", c)
@@ -192,8 +202,8 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	ports := testPorts()
 	rs := render(policyFor(node, corev1.IPv4Protocol), ports)
 	name := nameOf("default", "web", "http")
-	if input := incrementalRestore([]portChange{changeOf(rs, name, ports[name])}); input != nil {
-		t.Errorf("unchanged port gives input:\n%s", input)
+	if input := incrementalRestore([]portChange{changeOf(rs, name, ports[name])}); !input.empty() {
+		t.Errorf("unchanged port gives input:\n%s", input.text(t))
 	}
 }
 
@@ -230,7 +240,7 @@ COMMIT
 		t.Fatal(err)
 	}
 	rs := render(policyFor(node, corev1.IPv4Protocol), testPorts())
-	input := string(fullRestore(rs, cur))
+	input := fullRestore(rs, cur).text(t)
 	t.Logf("restore input:\n%s", input)
 	for _, want := range []string{
 		`-D PREROUTING -m comment --comment "proxyshift service portals" -j PROXYSHIFT-SERVICES`,
@@ -286,8 +296,8 @@ COMMIT
 -X PROXYSHIFT-SVC-AAAAAAAAAAAAA
 COMMIT
 `
-	if string(input) != want {
-		t.Errorf("cleanup input:\n%s\nwant:\n%s", input, want)
+	if got := input.text(t); got != want {
+		t.Errorf("cleanup input:\n%s\nwant:\n%s", got, want)
 	}
 	wantRemoved := []string{
 		"iptables-nft nat rule PREROUTING -> PROXYSHIFT-SERVICES",
@@ -297,8 +307,8 @@ COMMIT
 	if !slices.Equal(removed, wantRemoved) {
 		t.Errorf("removed %q, want %q", removed, wantRemoved)
 	}
-	if input, removed := cleanupRestore(savedTables{}, "iptables-nft"); input != nil || removed != nil {
-		t.Errorf("nothing to clean up gives %q, %q", input, removed)
+	if input, removed := cleanupRestore(savedTables{}, "iptables-nft"); !input.empty() || input.text(t) != "" || removed != nil {
+		t.Errorf("nothing to clean up gives %q, %q", input.text(t), removed)
 	}
 }
 
@@ -311,7 +321,7 @@ func TestCountsMatchSaved(t *testing.T) {
 	))
 	// What a full sync writes, read back the way iptables-save prints it.
 	var save strings.Builder
-	for _, line := range strings.Split(string(fullRestore(rs, nil)), "\n") {
+	for _, line := range strings.Split(fullRestore(rs, nil).text(t), "\n") {
 		switch {
 		case strings.HasPrefix(line, "*"):
 			save.WriteString(line + "\n")
