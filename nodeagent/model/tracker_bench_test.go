@@ -33,6 +33,7 @@ func BenchmarkEndpointChange10k(b *testing.B) {
 	}
 	snapshotAndCopy := func() {
 		tr.Snapshot()
+		tr.Synced()
 		for len(tr.spare) == 0 {
 			runtime.Gosched()
 		}
@@ -99,9 +100,10 @@ func BenchmarkInitialLists10k(b *testing.B) {
 }
 
 // heldBy is the heap that *tr alone keeps alive once the copy of the
-// model its last Snapshot started is made: the live heap with it, less
+// model its last Snapshot needs is made (Synced): the live heap with it, less
 // the live heap without it (the API objects it was given stay).
 func heldBy(tr **Tracker) float64 {
+	(*tr).Synced()
 	for len((*tr).spare) == 0 {
 		runtime.Gosched()
 	}

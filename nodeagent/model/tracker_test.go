@@ -260,21 +260,30 @@ func TestTrackerSnapshotIsolation(t *testing.T) {
 	}
 }
 
-// TestTrackerCopiesAheadOfTheNextWrite checks that a Snapshot starts the
-// copy of the model the next write needs, so that the write finds it
-// made, and that the copy is the one the write then changes: the
-// snapshot keeps what it held, and the next one has the change.
+// TestTrackerCopiesAheadOfTheNextWrite checks that the copy of the model
+// the next write needs is started once the sync of a Snapshot has ended
+// (Synced), not while it runs, so that the write finds it made, and that
+// the copy is the one the write then changes: the snapshot keeps what it
+// held, and the next one has the change.
 func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(service())
 	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
 	first, _ := tr.Snapshot()
+	time.Sleep(10 * time.Millisecond)
+	tr.mu.Lock()
+	copying := tr.copying
+	tr.mu.Unlock()
+	if copying || len(tr.spare) != 0 {
+		t.Fatal("a Snapshot started a copy of the model while its sync runs")
+	}
+	tr.Synced()
 	deadline := time.Now().Add(10 * time.Second)
 	for len(tr.spare) == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	if len(tr.spare) != 1 {
-		t.Fatalf("10 s after a Snapshot, no copy of the model is ready for the next write")
+		t.Fatalf("10 s after Synced, no copy of the model is ready for the next write")
 	}
 	before := modelLines(first)
 	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
@@ -287,6 +296,28 @@ func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 	}
 	if got := modelLines(second); slices.Equal(got, before) || len(changes) != 1 {
 		t.Errorf("the snapshot after the write holds\n%s\nwith changes %v; want the moved endpoint", strings.Join(got, "\n"), changeNames(changes))
+	}
+}
+
+// A write that comes while the sync of a Snapshot still runs (no Synced
+// yet) copies the model itself: the snapshot keeps what it held.
+func TestTrackerWriteBeforeSyncedCopies(t *testing.T) {
+	tr := NewTracker(node, nil)
+	tr.OnServiceAdd(service())
+	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
+	first, _ := tr.Snapshot()
+	before := modelLines(first)
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
+	tr.Synced() // nothing is shared any more: no copy to make
+	if len(tr.spare) != 0 || tr.copying {
+		t.Errorf("Synced after the write started a copy nothing needs")
+	}
+	second, _ := tr.Snapshot()
+	if after := modelLines(first); !slices.Equal(before, after) {
+		t.Errorf("the snapshot before the write changed:\n%s\nwas\n%s", strings.Join(after, "\n"), strings.Join(before, "\n"))
+	}
+	if got := modelLines(second); slices.Equal(got, before) {
+		t.Errorf("the snapshot after the write does not have the moved endpoint:\n%s", strings.Join(got, "\n"))
 	}
 }
 

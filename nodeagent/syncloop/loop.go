@@ -27,6 +27,11 @@ import (
 type Source interface {
 	Changed() <-chan struct{}
 	Snapshot() (*model.Snapshot, model.ChangeSet)
+	// Synced says that no sync runs until the next Snapshot: the loop
+	// calls it whenever it is about to wait, so that work the source
+	// does for the next change (the Tracker's copy of its model) does
+	// not run beside a sync.
+	Synced()
 }
 
 // Config paces the loop.
@@ -108,6 +113,7 @@ func (l *Loop) Run(ctx context.Context) {
 	}
 
 	for {
+		l.source.Synced()
 		// Wait for a reason to sync: a change, the resync timer, or a retry.
 		if !needFull && !resyncDue && !signalled && backoff == 0 {
 			resync := time.NewTimer(time.Until(lastFull.Add(l.cfg.SyncPeriod)))

@@ -3,7 +3,9 @@ package syncloop
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,10 @@ type fakeSource struct {
 	mu      sync.Mutex
 	changed chan struct{}
 	pending model.ChangeSet
+	// snapshots counts the Snapshots taken; synced holds that count at
+	// each call of Synced.
+	snapshots int
+	synced    []int
 }
 
 func newFakeSource() *fakeSource {
@@ -42,11 +48,24 @@ func (s *fakeSource) Snapshot() (*model.Snapshot, model.ChangeSet) {
 	defer s.mu.Unlock()
 	c := s.pending
 	s.pending = model.ChangeSet{}
+	s.snapshots++
 	select { // like model.Tracker: taking the changes takes the signal
 	case <-s.changed:
 	default:
 	}
 	return &model.Snapshot{}, c
+}
+
+func (s *fakeSource) Synced() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.synced = append(s.synced, s.snapshots)
+}
+
+func (s *fakeSource) syncedAt() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.synced...)
 }
 
 // recordingBackend records each sync request and fails the first failN.
@@ -114,6 +133,43 @@ func TestFirstSyncIsFullThenPartialWithChanges(t *testing.T) {
 	if _, ok := s[1].Changed[model.ServicePortName{Namespace: "ns", Name: "a"}]; !ok || len(s[1].Changed) != 1 {
 		t.Fatalf("partial sync did not carry exactly the change: %v", s[1].Changed)
 	}
+}
+
+// The loop tells its source when a sync of the last Snapshot has ended,
+// after each sync and never during one (the Tracker then copies its
+// model for the next change).
+func TestSyncedAfterEachSync(t *testing.T) {
+	src := newFakeSource()
+	be := &syncedCheckingBackend{src: src}
+	run(t, Config{SyncPeriod: time.Hour}, src, be, nil)
+	waitFor(t, "first sync", func() bool { s, _ := be.snapshot(); return len(s) == 1 })
+	src.change("a")
+	waitFor(t, "second sync", func() bool { s, _ := be.snapshot(); return len(s) == 2 })
+	waitFor(t, "Synced after the second sync", func() bool { return slices.Contains(src.syncedAt(), 2) })
+	if got := src.syncedAt(); !slices.Contains(got, 1) {
+		t.Errorf("Synced was called after %v Snapshots, want after the first sync's too", got)
+	}
+	if be.during.Load() {
+		t.Error("Synced was called while a sync ran")
+	}
+}
+
+// syncedCheckingBackend is a recordingBackend that notes a call of its
+// source's Synced while a Sync runs.
+type syncedCheckingBackend struct {
+	recordingBackend
+	src    *fakeSource
+	during atomic.Bool
+}
+
+func (b *syncedCheckingBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
+	before := len(b.src.syncedAt())
+	time.Sleep(20 * time.Millisecond)
+	c, err := b.recordingBackend.Sync(ctx, req)
+	if len(b.src.syncedAt()) != before {
+		b.during.Store(true)
+	}
+	return c, err
 }
 
 func TestMinSyncPeriodCoalescesChanges(t *testing.T) {
