@@ -8,7 +8,10 @@
 // every figure that can be is taken with real connections from inside the
 // node's namespace to real backends in another namespace: the first full
 // sync ends when the last Service answers; a programming latency ends when
-// a connection to the changed Service reaches its new endpoint. The
+// a connection to the changed Service reaches its new endpoint (the
+// report gives the part of it the API server's write took, the update
+// call's own time, beside it: on these machines it was most of the
+// slowest changes' latency). The
 // programs' metrics (kube-proxy's kubeproxy_sync_*, proxyshift's
 // proxyshift_sync_*) give the sync durations next to them.
 //

@@ -34,6 +34,10 @@ type Result struct {
 	// the EndpointSlice update being sent (no read before it) until a
 	// connection to the Service reaches the new endpoint.
 	Latency []time.Duration
+	// Write holds, per endpoint change, the time the EndpointSlice update
+	// call took (the API server's write, etcd's included): the part of
+	// Latency before the program can have seen the change.
+	Write []time.Duration
 	// ChangeSpan is the time from the first endpoint change to the last
 	// one's answer: the changes meet every periodic resync in it.
 	ChangeSpan time.Duration
@@ -299,6 +303,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		if err != nil {
 			return fail(err)
 		}
+		res.Write = append(res.Write, time.Since(sent))
 		if _, err := waitAnswer(ctx, node, run, ServiceAddr(i), ep, plan.changeTimeout()); err != nil {
 			return fail(fmt.Errorf("endpoint change %d: %w", j, err))
 		}

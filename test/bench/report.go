@@ -259,6 +259,13 @@ func (r *Report) rows(mode string) []row {
 			}
 			out = append(out, durationRow(what, Percentile(kp.Latency, p), Percentile(ps.Latency, p), ratio, abs))
 		}
+		for _, p := range []float64{99, 100} {
+			what := fmt.Sprintf("of a programming latency, the EndpointSlice update call (the API server's write, etcd's fsync included) p%.0f, %d services", p, n)
+			if p == 100 {
+				what = fmt.Sprintf("of a programming latency, the EndpointSlice update call max, %d services", n)
+			}
+			out = append(out, durationRow(what, Percentile(kp.Write, p), Percentile(ps.Write, p), 0, 0))
+		}
 	})
 	for _, n := range sizes {
 		// A kube-proxy whose first sync gave up had used at least what
