@@ -462,8 +462,8 @@ func setOrDelete[K comparable, V any](m map[K]V, k K, v V, keep bool) {
 }
 
 // writable returns the model's map of one family, first replacing the
-// model by its copy if a Snapshot holds it (waiting for the copy if it is
-// still being made).
+// model by its copy if a Snapshot holds it (the one Synced started,
+// waiting for it if it is still being made, or else one made here).
 func (t *Tracker) writable(fam corev1.IPFamily) map[ServicePortName]*ServicePort {
 	if t.shared {
 		if t.copying {
