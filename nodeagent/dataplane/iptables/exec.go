@@ -155,9 +155,10 @@ func (r runner) restore(ctx context.Context, f *family, input restoreInput) erro
 // transparent huge pages where the kernel offers them on request
 // (hugetlb=1, glibc 2.35 and later; a glibc that does not know a tunable
 // ignores it). Page faults and the allocator's bookkeeping were a third
-// of the restore's time: by hand at 10 000 services, 2.40 to 2.50 s
-// without, 1.60 to 1.84 s with, for about 20 MB more resident (see the
-// README). A GLIBC_TUNABLES of the agent's own environment wins.
+// of the restore's time: by hand at 10 000 services, six alternating
+// pairs, a median of 2.53 s without and 2.07 s with, for about 20 MB more
+// resident (see the README). A GLIBC_TUNABLES of the agent's own
+// environment wins.
 var restoreTunables = []string{"GLIBC_TUNABLES=glibc.malloc.top_pad=268435456:glibc.malloc.hugetlb=1"}
 
 // run runs a command and returns its stdout; the error carries its
