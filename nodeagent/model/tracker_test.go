@@ -241,14 +241,26 @@ func TestTracker(t *testing.T) {
 	}
 }
 
-func TestTrackerSnapshotIsolation(t *testing.T) {
+// snapshottedTracker is a tracker holding one service with one endpoint,
+// 10.1.0.1, and the Snapshot taken of it.
+func snapshottedTracker() (*Tracker, *Snapshot) {
 	tr := NewTracker(node, nil)
 	tr.OnServiceAdd(service())
 	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
-	first, _ := tr.Snapshot()
+	snap, _ := tr.Snapshot()
+	return tr, snap
+}
+
+// moveTheEndpoint moves snapshottedTracker's endpoint to 10.1.0.2.
+func moveTheEndpoint(tr *Tracker) {
+	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
+}
+
+func TestTrackerSnapshotIsolation(t *testing.T) {
+	tr, first := snapshottedTracker()
 	before := modelLines(first)
 
-	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
+	moveTheEndpoint(tr)
 	tr.OnServiceAdd(service(func(s *corev1.Service) { s.Name = "api" }))
 	second, _ := tr.Snapshot()
 
@@ -266,10 +278,7 @@ func TestTrackerSnapshotIsolation(t *testing.T) {
 // the copy is the one the write then changes: the snapshot keeps what it
 // held, and the next one has the change.
 func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
-	tr := NewTracker(node, nil)
-	tr.OnServiceAdd(service())
-	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
-	first, _ := tr.Snapshot()
+	tr, first := snapshottedTracker()
 	time.Sleep(10 * time.Millisecond)
 	tr.mu.Lock()
 	copying := tr.copying
@@ -286,7 +295,7 @@ func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 		t.Fatalf("10 s after Synced, no copy of the model is ready for the next write")
 	}
 	before := modelLines(first)
-	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
+	moveTheEndpoint(tr)
 	if len(tr.spare) != 0 {
 		t.Errorf("the write did not take the copy made ahead")
 	}
@@ -302,12 +311,9 @@ func TestTrackerCopiesAheadOfTheNextWrite(t *testing.T) {
 // A write that comes while the sync of a Snapshot still runs (no Synced
 // yet) copies the model itself: the snapshot keeps what it held.
 func TestTrackerWriteBeforeSyncedCopies(t *testing.T) {
-	tr := NewTracker(node, nil)
-	tr.OnServiceAdd(service())
-	tr.OnEndpointSliceAdd(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.1"))))
-	first, _ := tr.Snapshot()
+	tr, first := snapshottedTracker()
 	before := modelLines(first)
-	tr.OnEndpointSliceUpdate(SliceOf(slice("a", discoveryv1.AddressTypeIPv4, http(8080), ep("10.1.0.2"))))
+	moveTheEndpoint(tr)
 	tr.Synced() // nothing is shared any more: no copy to make
 	if len(tr.spare) != 0 || tr.copying {
 		t.Errorf("Synced after the write started a copy nothing needs")

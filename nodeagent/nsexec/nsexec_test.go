@@ -69,19 +69,22 @@ func TestOutputFromWriteErrorKills(t *testing.T) {
 	}
 }
 
+// writeMoreThanAPipeHolds writes 4 MiB: a command that does not read
+// them breaks the pipe.
+func writeMoreThanAPipeHolds(w io.Writer) error {
+	chunk := strings.Repeat("x", 64<<10)
+	for range 64 {
+		if _, err := io.WriteString(w, chunk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // A command that stops reading (it failed, or needs no more) breaks the
 // writer's pipe: the error is the command's, with its standard error.
 func TestOutputFromCommandStopsReading(t *testing.T) {
-	write := func(w io.Writer) error {
-		chunk := strings.Repeat("x", 64<<10)
-		for range 64 { // 4 MiB, more than a pipe holds
-			if _, err := io.WriteString(w, chunk); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	_, err := Current.OutputFrom(context.Background(), nil, write, "sh", "-c", `echo "line 1 failed" >&2; exit 3`)
+	_, err := Current.OutputFrom(context.Background(), nil, writeMoreThanAPipeHolds, "sh", "-c", `echo "line 1 failed" >&2; exit 3`)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
 		t.Fatalf("error %v, want the command's exit status 3", err)
@@ -95,16 +98,7 @@ func TestOutputFromCommandStopsReading(t *testing.T) {
 // A command that exits successfully before reading all of its input is
 // an error too: the caller meant all of it to be read.
 func TestOutputFromCommandExitsEarly(t *testing.T) {
-	write := func(w io.Writer) error {
-		chunk := strings.Repeat("x", 64<<10)
-		for range 64 {
-			if _, err := io.WriteString(w, chunk); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	_, err := Current.OutputFrom(context.Background(), nil, write, "true")
+	_, err := Current.OutputFrom(context.Background(), nil, writeMoreThanAPipeHolds, "true")
 	if err == nil || !strings.Contains(err.Error(), "before reading all of its input") {
 		t.Errorf("error %v, want one saying the command exited before reading its input", err)
 	}
