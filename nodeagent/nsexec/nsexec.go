@@ -92,40 +92,30 @@ func (ns NS) Do(fn func() error) error {
 	return <-errc
 }
 
-// Output runs a command inside ns, feeding it stdin, and returns its
-// standard output. The error carries the command line and its standard
-// error; errors.Is(err, exec.ErrNotFound) tells a missing binary.
+// Output runs a command inside ns, feeding it stdin (none if nil), and
+// returns its standard output. The error carries the command line and its
+// standard error; errors.Is(err, exec.ErrNotFound) tells a missing
+// binary.
 func (ns NS) Output(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
-	var out []byte
-	path, err := LookPath(name)
-	if err != nil {
-		return nil, &Error{Cmd: name, Err: err}
+	var write func(io.Writer) error
+	if stdin != nil {
+		write = func(w io.Writer) error {
+			_, err := w.Write(stdin)
+			return err
+		}
 	}
-	err = ns.Do(func() error {
-		cmd := exec.CommandContext(ctx, path, args...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if stdin != nil {
-			cmd.Stdin = bytes.NewReader(stdin)
-		}
-		if err := cmd.Run(); err != nil {
-			return commandError(name, args, err, &stderr)
-		}
-		out = stdout.Bytes()
-		return nil
-	})
-	return out, err
+	return ns.OutputFrom(ctx, nil, write, name, args...)
 }
 
-// OutputFrom is Output with the standard input written by write while
-// the command runs, through a pipe: a command that reads its input as it
-// comes (iptables-restore parses line by line) works on the first part
-// while write produces the rest. If write fails for any reason but the
-// command having closed its end (it stopped reading: its own error, which
-// OutputFrom returns, says why), the command is killed before its input
-// ends, so that it never acts on a part of it. env ("NAME=value") is
-// added to the environment the command inherits; a variable the process
-// has already keeps its value.
+// OutputFrom is Output with the standard input written by write (none if
+// nil) while the command runs, through a pipe: a command that reads its
+// input as it comes (iptables-restore parses line by line) works on the
+// first part while write produces the rest. If write fails for any
+// reason but the command having closed its end (it stopped reading: its
+// own error, which OutputFrom returns, says why), the command is killed
+// before its input ends, so that it never acts on a part of it. env
+// ("NAME=value") is added to the environment the command inherits; a
+// variable the process has already keeps its value.
 func (ns NS) OutputFrom(ctx context.Context, env []string, write func(io.Writer) error, name string, args ...string) ([]byte, error) {
 	path, err := LookPath(name)
 	if err != nil {
@@ -142,21 +132,30 @@ func (ns NS) OutputFrom(ctx context.Context, env []string, write func(io.Writer)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, &Error{Cmd: name, Err: err}
+	var stdin io.WriteCloser
+	if write != nil {
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, &Error{Cmd: name, Err: err}
+		}
 	}
+	// A process inherits the namespace of the thread that starts it.
 	if err := ns.Do(cmd.Start); err != nil {
-		stdin.Close()
+		if stdin != nil {
+			stdin.Close()
+		}
 		return nil, commandError(name, args, err, &stderr)
 	}
-	werr := write(stdin)
-	// A broken pipe means the command is gone or going: its exit says why.
-	abort := werr != nil && !errors.Is(werr, syscall.EPIPE)
-	if abort {
-		_ = cmd.Process.Kill()
+	var werr error
+	abort := false
+	if write != nil {
+		werr = write(stdin)
+		// A broken pipe means the command is gone or going: its exit
+		// says why.
+		if abort = werr != nil && !errors.Is(werr, syscall.EPIPE); abort {
+			_ = cmd.Process.Kill()
+		}
+		stdin.Close()
 	}
-	stdin.Close()
 	err = cmd.Wait()
 	switch {
 	case abort:

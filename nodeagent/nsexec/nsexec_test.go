@@ -118,3 +118,14 @@ func TestOutputFromEnv(t *testing.T) {
 		t.Errorf("the command saw %q, want %q", got, want)
 	}
 }
+
+// Output feeds its stdin to the command and returns what it printed.
+func TestOutputFeedsStdin(t *testing.T) {
+	out, err := Current.Output(context.Background(), []byte("one\ntwo\n"), "wc", "-l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "2" {
+		t.Errorf("the command counted %q lines, want 2", got)
+	}
+}

@@ -1,7 +1,10 @@
 package iptables
 
 import (
+	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -346,5 +349,37 @@ func TestCountsMatchSaved(t *testing.T) {
 	// local one (cache has no local endpoint, empty none at all).
 	if got != want || want.Services != 3 || want.Endpoints != 3 {
 		t.Errorf("counted from the kernel's view %+v, from memory %+v; want 3 services, 3 endpoints", got, want)
+	}
+}
+
+// runner.restore hands iptables-restore its input on standard input, all
+// of it, and runs it with restoreTunables: a stand-in for the command
+// (first in $PATH) records both.
+func TestRunnerRestoreFeedsInputWithTunables(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\ncat > \"$0.input\"\necho \"$GLIBC_TUNABLES\" > \"$0.env\"\n"
+	cmd := filepath.Join(dir, "iptables-nft-restore")
+	if err := os.WriteFile(cmd, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Setenv("GLIBC_TUNABLES", "")
+	in := fullRestore(render(policyFor(node, corev1.IPv4Protocol), testPorts()), nil)
+	if err := (runner{variant: NFT}).restore(context.Background(), ipv4, in); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(cmd + ".input")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := in.text(t); string(got) != want {
+		t.Errorf("the command read\n%s\nwant\n%s", got, want)
+	}
+	env, err := os.ReadFile(cmd + ".env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimPrefix(restoreTunables[0], "GLIBC_TUNABLES="); strings.TrimSpace(string(env)) != want {
+		t.Errorf("the command ran with GLIBC_TUNABLES=%q, want %q", strings.TrimSpace(string(env)), want)
 	}
 }
