@@ -1,11 +1,14 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -143,9 +146,48 @@ func (r runner) restore(ctx context.Context, f *family, input restoreInput) erro
 		return err
 	}
 	if _, err := r.netns.OutputFrom(ctx, restoreTunables, input.writeTo, path, "-w", "5", "--noflush"); err != nil {
-		return fmt.Errorf("iptables: %w", err)
+		return fmt.Errorf("iptables: %w%s", err, quoteFailedLine(err, input))
 	}
 	return nil
+}
+
+// failedLine finds the input line iptables-restore names when it stops:
+// "line 4 failed" when the kernel refused a table's transaction, "Error
+// occurred at line: 4" when it could not parse a line.
+var failedLine = regexp.MustCompile(`\bline:? ([0-9]+)`)
+
+// maxQuoted bounds the quoted line: a rule with many source ranges can be
+// long, and the error ends up in a ProxyNode condition.
+const maxQuoted = 512
+
+// quoteFailedLine returns ` (input line N: "...")`, the line of input a
+// failed restore's stderr names, or "" when it names none. The input is
+// not kept while it is written (runner.restore streams it), so it is
+// written again here, on the error path only: the restore's own message
+// gives a line number, which tells a user nothing without the line.
+func quoteFailedLine(err error, input restoreInput) string {
+	var ne *nsexec.Error
+	if !errors.As(err, &ne) {
+		return ""
+	}
+	m := failedLine.FindStringSubmatch(ne.Stderr)
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	var text bytes.Buffer
+	if input.writeTo(&text) != nil {
+		return ""
+	}
+	lines := bytes.Split(text.Bytes(), []byte("\n"))
+	if n < 1 || n > len(lines) {
+		return ""
+	}
+	line := lines[n-1]
+	if len(line) > maxQuoted {
+		line = append(line[:maxQuoted:maxQuoted], "..."...)
+	}
+	return fmt.Sprintf(" (input line %d: %q)", n, line)
 }
 
 // restoreTunables set glibc's allocator for iptables-restore, which

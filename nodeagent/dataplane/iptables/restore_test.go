@@ -2,6 +2,8 @@ package iptables
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // text is the input as runner.restore writes it to iptables-restore.
@@ -381,5 +384,31 @@ func TestRunnerRestoreFeedsInputWithTunables(t *testing.T) {
 	}
 	if want := strings.TrimPrefix(restoreTunables[0], "GLIBC_TUNABLES="); strings.TrimSpace(string(env)) != want {
 		t.Errorf("the command ran with GLIBC_TUNABLES=%q, want %q", strings.TrimSpace(string(env)), want)
+	}
+}
+
+// quoteFailedLine quotes the line a failed restore's message names, in
+// both of the command's forms, and nothing when the message names no
+// line of the input.
+func TestQuoteFailedLine(t *testing.T) {
+	in := newRestoreInput("nat")
+	in[0].head.declare = []string{"A"}
+	in[0].head.appendRules("A", "-j RETURN", strings.Repeat("x", 600))
+	long := `"-A A ` + strings.Repeat("x", maxQuoted-len("-A A ")) + `..."`
+	for _, c := range []struct{ stderr, want string }{
+		{"iptables-nft-restore: line 3 failed: No chain/target/match by that name.", ` (input line 3: "-A A -j RETURN")`},
+		{"iptables-restore v1.8.9 (legacy): unknown option\nError occurred at line: 1\nTry `iptables-restore -h'", ` (input line 1: "*nat")`},
+		{"iptables-restore: line 4 failed", " (input line 4: " + long + ")"},
+		{"iptables-restore: line 9 failed", ""},
+		{"iptables-restore: line 0 failed", ""},
+		{"Another app is currently holding the xtables lock.", ""},
+	} {
+		err := fmt.Errorf("iptables: %w", &nsexec.Error{Cmd: "iptables-restore", Err: errors.New("exit status 1"), Stderr: c.stderr})
+		if got := quoteFailedLine(err, in); got != c.want {
+			t.Errorf("for %q: got %s, want %s", c.stderr, got, c.want)
+		}
+	}
+	if got := quoteFailedLine(errors.New("line 1 failed"), in); got != "" {
+		t.Errorf("an error that is not a command's: got %s", got)
 	}
 }
