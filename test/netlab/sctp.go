@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,19 +40,14 @@ func SCTPAvailable() error {
 // connections: on accept it sends "<name>\n", then answers every line
 // "<msg>" with "<name> <msg>\n" until the client closes.
 type SCTPServer struct {
-	name string
-	l    net.Listener
-	wg   sync.WaitGroup
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
+	*streamServer
+	l net.Listener
 }
 
 // StartSCTPServer opens an SCTP listener on port, all IPv4 addresses,
 // inside ns, and serves it until Stop.
 func StartSCTPServer(ns *NetNS, name string, port int) (*SCTPServer, error) {
-	s := &SCTPServer{name: name, conns: map[net.Conn]struct{}{}}
+	s := &SCTPServer{streamServer: newStreamServer(name)}
 	err := ns.Do(func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
 		if err != nil {
@@ -76,68 +70,13 @@ func StartSCTPServer(ns *NetNS, name string, port int) (*SCTPServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SCTP server %s in %s: %w", name, ns.Name, err)
 	}
-	s.wg.Add(1)
-	go s.accept()
+	s.serve(s.l)
 	return s, nil
 }
 
 // Stop closes the listener and every open association and waits for the
 // server's goroutines to end. It may be called more than once.
-func (s *SCTPServer) Stop() {
-	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		_ = s.l.Close()
-		for c := range s.conns {
-			_ = c.Close()
-		}
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-}
-
-func (s *SCTPServer) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.l.Accept()
-		if err != nil {
-			return
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			_ = c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
-func (s *SCTPServer) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		_ = c.Close()
-	}()
-	if _, err := fmt.Fprintf(c, "%s\n", s.name); err != nil {
-		return
-	}
-	r := bufio.NewReader(c)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return
-		}
-		if _, err := fmt.Fprintf(c, "%s %s\n", s.name, strings.TrimSuffix(line, "\n")); err != nil {
-			return
-		}
-	}
-}
+func (s *SCTPServer) Stop() { s.stop(func() { _ = s.l.Close() }) }
 
 // RequestSCTP opens an SCTP association from inside ns to addr, reads the
 // server's greeting and returns the name in it, within timeout. A failure

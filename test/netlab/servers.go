@@ -20,15 +20,10 @@ const ServerPort = 8080
 //     connection can be held open and checked again later.
 //   - UDP: it answers every datagram "<msg>" with "<name> <msg>".
 type Server struct {
-	name string
+	*streamServer
 	// tcp and udp are the sockets of each family: IPv4, then IPv6.
 	tcp []net.Listener
 	udp []net.PacketConn
-	wg  sync.WaitGroup
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
 }
 
 // StartServer opens a TCP listener and a UDP socket of each family on
@@ -55,7 +50,7 @@ func Serve(name string, port int) (*Server, error) {
 	if strings.ContainsAny(name, " \n") {
 		return nil, fmt.Errorf("server name %q: no spaces or newlines", name)
 	}
-	s := &Server{name: name, conns: map[net.Conn]struct{}{}}
+	s := &Server{streamServer: newStreamServer(name)}
 	families := []struct{ suffix, any string }{{"4", "0.0.0.0"}}
 	if HasIPv6() {
 		families = append(families, struct{ suffix, any string }{"6", "::"})
@@ -76,8 +71,8 @@ func Serve(name string, port int) (*Server, error) {
 		s.udp = append(s.udp, u)
 	}
 	for i := range s.tcp {
-		s.wg.Add(2)
-		go s.acceptTCP(s.tcp[i])
+		s.serve(s.tcp[i])
+		s.wg.Add(1)
 		go s.serveUDP(s.udp[i])
 	}
 	return s, nil
@@ -95,11 +90,53 @@ func (s *Server) closeSockets() {
 
 // Stop closes the listeners and every open connection and waits for the
 // server's goroutines to end. It may be called more than once.
-func (s *Server) Stop() {
+func (s *Server) Stop() { s.stop(s.closeSockets) }
+
+func (s *Server) serveUDP(u net.PacketConn) {
+	defer s.wg.Done()
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := u.ReadFrom(buf)
+		if err != nil {
+			return // closed by Stop; an unconnected socket gets no ICMP errors
+		}
+		reply := fmt.Sprintf("%s %s", s.name, buf[:n])
+		_, _ = u.WriteTo([]byte(reply), from)
+	}
+}
+
+// streamServer answers the connections of stream sockets (Server's TCP,
+// SCTPServer's associations) with its name: on accept it sends
+// "<name>\n", then answers every line "<msg>" with "<name> <msg>\n"
+// until the client closes. It keeps the open connections, which stop
+// closes.
+type streamServer struct {
+	name string
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func newStreamServer(name string) *streamServer {
+	return &streamServer{name: name, conns: map[net.Conn]struct{}{}}
+}
+
+// serve accepts the connections of l, in a goroutine of its own, until l
+// is closed.
+func (s *streamServer) serve(l net.Listener) {
+	s.wg.Add(1)
+	go s.accept(l)
+}
+
+// stop closes the listeners (closeListeners) and every open connection,
+// once, and waits for the server's goroutines to end.
+func (s *streamServer) stop(closeListeners func()) {
 	s.mu.Lock()
 	if !s.closed {
 		s.closed = true
-		s.closeSockets()
+		closeListeners()
 		for c := range s.conns {
 			_ = c.Close()
 		}
@@ -108,12 +145,12 @@ func (s *Server) Stop() {
 	s.wg.Wait()
 }
 
-func (s *Server) acceptTCP(l net.Listener) {
+func (s *streamServer) accept(l net.Listener) {
 	defer s.wg.Done()
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			return // closed by Stop (Go retries transient accept errors itself)
+			return // closed by stop (Go retries transient accept errors itself)
 		}
 		s.mu.Lock()
 		if s.closed {
@@ -124,11 +161,11 @@ func (s *Server) acceptTCP(l net.Listener) {
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serveConn(c)
+		go s.answer(c)
 	}
 }
 
-func (s *Server) serveConn(c net.Conn) {
+func (s *streamServer) answer(c net.Conn) {
 	defer s.wg.Done()
 	defer func() {
 		s.mu.Lock()
@@ -148,18 +185,5 @@ func (s *Server) serveConn(c net.Conn) {
 		if _, err := fmt.Fprintf(c, "%s %s\n", s.name, strings.TrimSuffix(line, "\n")); err != nil {
 			return
 		}
-	}
-}
-
-func (s *Server) serveUDP(u net.PacketConn) {
-	defer s.wg.Done()
-	buf := make([]byte, 1500)
-	for {
-		n, from, err := u.ReadFrom(buf)
-		if err != nil {
-			return // closed by Stop; an unconnected socket gets no ICMP errors
-		}
-		reply := fmt.Sprintf("%s %s", s.name, buf[:n])
-		_, _ = u.WriteTo([]byte(reply), from)
 	}
 }
