@@ -72,8 +72,9 @@ func (ns *NetNS) AddVeth(name string, peer *NetNS, peerName string) error {
 	return peer.SetUp(peerName)
 }
 
-// SetUp sets the link called name in ns up.
-func (ns *NetNS) SetUp(name string) error {
+// withLink opens a handle bound to ns, finds the link called name and
+// calls f with both; f's error is said to be about that link.
+func (ns *NetNS) withLink(name string, f func(h *netlink.Handle, link netlink.Link) error) error {
 	h, err := ns.handle()
 	if err != nil {
 		return err
@@ -83,45 +84,38 @@ func (ns *NetNS) SetUp(name string) error {
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
 	}
-	if err := h.LinkSetUp(link); err != nil {
-		return fmt.Errorf("set %s up in %s: %w", name, ns.Name, err)
+	if err := f(h, link); err != nil {
+		return fmt.Errorf("%s in %s: %w", name, ns.Name, err)
 	}
 	return nil
+}
+
+// SetUp sets the link called name in ns up.
+func (ns *NetNS) SetUp(name string) error {
+	return ns.withLink(name, func(h *netlink.Handle, link netlink.Link) error {
+		if err := h.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+		return nil
+	})
 }
 
 // DeleteLink deletes the link called name in ns; deleting one end of a
 // veth pair deletes the other end too.
 func (ns *NetNS) DeleteLink(name string) error {
-	h, err := ns.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	link, err := h.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
-	}
-	if err := h.LinkDel(link); err != nil {
-		return fmt.Errorf("delete %s in %s: %w", name, ns.Name, err)
-	}
-	return nil
+	return ns.withLink(name, func(h *netlink.Handle, link netlink.Link) error {
+		if err := h.LinkDel(link); err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+		return nil
+	})
 }
 
 // AddAddr adds addr to the link called name in ns.
 func (ns *NetNS) AddAddr(name string, addr netip.Prefix) error {
-	h, err := ns.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	link, err := h.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
-	}
-	if err := addAddr(h, link, addr); err != nil {
-		return fmt.Errorf("%s in %s: %w", name, ns.Name, err)
-	}
-	return nil
+	return ns.withLink(name, func(h *netlink.Handle, link netlink.Link) error {
+		return addAddr(h, link, addr)
+	})
 }
 
 // addAddr adds addr to link. An IPv6 address skips duplicate address
@@ -141,26 +135,19 @@ func addAddr(h *netlink.Handle, link netlink.Link, addr netip.Prefix) error {
 // bridge in the same namespace, with hairpin mode on so a pod can reach
 // itself through a service, as bridge CNI plugins set it.
 func (ns *NetNS) SetMaster(name, bridge string) error {
-	h, err := ns.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	link, err := h.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("find %s in %s: %w", name, ns.Name, err)
-	}
-	br, err := h.LinkByName(bridge)
-	if err != nil {
-		return fmt.Errorf("find bridge %s in %s: %w", bridge, ns.Name, err)
-	}
-	if err := h.LinkSetMaster(link, br); err != nil {
-		return fmt.Errorf("attach %s to %s in %s: %w", name, bridge, ns.Name, err)
-	}
-	if err := h.LinkSetHairpin(link, true); err != nil {
-		return fmt.Errorf("hairpin on %s in %s: %w", name, ns.Name, err)
-	}
-	return nil
+	return ns.withLink(name, func(h *netlink.Handle, link netlink.Link) error {
+		br, err := h.LinkByName(bridge)
+		if err != nil {
+			return fmt.Errorf("find bridge %s: %w", bridge, err)
+		}
+		if err := h.LinkSetMaster(link, br); err != nil {
+			return fmt.Errorf("attach to %s: %w", bridge, err)
+		}
+		if err := h.LinkSetHairpin(link, true); err != nil {
+			return fmt.Errorf("hairpin on: %w", err)
+		}
+		return nil
+	})
 }
 
 // ipNet is p as net.IPNet, IPv4 or IPv6.
