@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,11 +11,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/test/cluster"
+	"github.com/proxyshift/proxyshift/test/testlog"
 )
 
 // Rollouts here are short: one node at a time, each switch a few seconds.
@@ -27,14 +25,7 @@ const (
 	requestTimeout = 2 * time.Second
 )
 
-func init() {
-	// The in-process reconciler's log, when asked for; else none.
-	w := io.Discard
-	if os.Getenv("PROXYSHIFT_TEST_LOG") != "" {
-		w = os.Stderr
-	}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(w)))
-}
+func init() { testlog.Init() }
 
 // binDir holds the operator and agent, built once for every test's cluster.
 var binDir string

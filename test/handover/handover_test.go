@@ -9,8 +9,6 @@ package handover
 
 import (
 	"context"
-	"io"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -27,23 +25,16 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers"
 	"github.com/proxyshift/proxyshift/controllers/handover"
 	"github.com/proxyshift/proxyshift/test/testenv"
+	"github.com/proxyshift/proxyshift/test/testlog"
 )
 
-func init() {
-	var w io.Writer = io.Discard
-	if os.Getenv("PROXYSHIFT_TEST_LOG") != "" {
-		w = os.Stderr
-	}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(w)))
-}
+func init() { testlog.Init() }
 
 const ns = "kube-system"
 

@@ -3,9 +3,7 @@ package rollout
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -24,22 +22,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers"
 	"github.com/proxyshift/proxyshift/test/testenv"
+	"github.com/proxyshift/proxyshift/test/testlog"
 )
 
-func init() {
-	var w io.Writer = io.Discard
-	if os.Getenv("PROXYSHIFT_TEST_LOG") != "" {
-		w = os.Stderr
-	}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(w)))
-}
+func init() { testlog.Init() }
 
 // world is one test's API server with its agents, watch recorder and
 // operator.

@@ -3,7 +3,6 @@ package vmcluster
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,8 +21,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -32,6 +29,7 @@ import (
 	"github.com/proxyshift/proxyshift/test/controlplane"
 	"github.com/proxyshift/proxyshift/test/kernelstate"
 	"github.com/proxyshift/proxyshift/test/netlab"
+	"github.com/proxyshift/proxyshift/test/testlog"
 	"github.com/proxyshift/proxyshift/test/vm"
 )
 
@@ -39,11 +37,7 @@ import (
 // (the VM's kernel has no modprobe to load them on demand). The operator
 // logs to stderr with PROXYSHIFT_TEST_LOG set.
 func TestMain(m *testing.M) {
-	var w io.Writer = io.Discard
-	if os.Getenv("PROXYSHIFT_TEST_LOG") != "" {
-		w = os.Stderr
-	}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(w)))
+	testlog.Init()
 	vm.Main(m, []string{"bridge", "veth"}, kernelstate.Modes...)
 }
 
