@@ -55,7 +55,7 @@ func BenchmarkFullSync(b *testing.B) {
 // endpoint of one service changed.
 func BenchmarkOneEndpointChange(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		be, m := syncedBackend(b, v, n)
+		be, m := syncedBenchBackend(b, v, n)
 		dt.EndpointChanges(b, be, m)
 	})
 }
@@ -64,7 +64,7 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 // model: the tables read back and compared, nothing written.
 func BenchmarkResync(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		be, m := syncedBackend(b, v, n)
+		be, m := syncedBenchBackend(b, v, n)
 		for b.Loop() {
 			if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
 				b.Fatal(err)
@@ -79,7 +79,7 @@ func BenchmarkResync(b *testing.B) {
 // rounds find it quiet and read nothing).
 func BenchmarkVerify(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		be, _ := syncedBackend(b, v, n)
+		be, _ := syncedBenchBackend(b, v, n)
 		for b.Loop() {
 			for _, f := range families {
 				if why, err := be.verify(context.Background(), f, be.state[f]); err != nil || why != "" {
@@ -94,7 +94,7 @@ func BenchmarkVerify(b *testing.B) {
 // what a mode switch's Verifying phase reads back before it probes.
 func BenchmarkProgrammed(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		be, _ := syncedBackend(b, v, n)
+		be, _ := syncedBenchBackend(b, v, n)
 		for b.Loop() {
 			if _, err := be.Programmed(context.Background()); err != nil {
 				b.Fatal(err)
@@ -108,7 +108,7 @@ func BenchmarkProgrammed(b *testing.B) {
 // sync, which puts the model back, is not timed.
 func BenchmarkCleanup(b *testing.B) {
 	forEachSize(b, func(b *testing.B, v Variant, n int) {
-		be, m := syncedBackend(b, v, n)
+		be, m := syncedBenchBackend(b, v, n)
 		ctx := context.Background()
 		for b.Loop() {
 			removed, err := be.Cleanup(ctx)
@@ -127,13 +127,10 @@ func BenchmarkCleanup(b *testing.B) {
 	})
 }
 
-// syncedBackend is a backend of variant v in a namespace of its own,
+// syncedBenchBackend is a backend of variant v in a namespace of its own,
 // holding the benchmark model of n services after one full sync.
-func syncedBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapshot) {
-	be := newKernelBackend(b, kernelNS(b, v), v)
+func syncedBenchBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapshot) {
 	m := dt.BenchModel(n)
-	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		b.Fatal(err)
-	}
+	_, be := syncedBackend(b, v, m)
 	return be, m
 }

@@ -155,12 +155,20 @@ func foreign(t testing.TB, ns *netlab.NetNS, v Variant) string {
 // reference returns ours() of a fresh namespace after one full sync of m.
 func reference(t testing.TB, v Variant, m *model.Snapshot) string {
 	t.Helper()
+	ns, _ := syncedBackend(t, v, m)
+	return ours(t, ns, v)
+}
+
+// syncedBackend returns a network namespace of its own and a backend of
+// variant v that has fully synced m there.
+func syncedBackend(t testing.TB, v Variant, m *model.Snapshot) (*netlab.NetNS, *Backend) {
+	t.Helper()
 	ns := kernelNS(t, v)
 	b := newKernelBackend(t, ns, v)
 	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		t.Fatal(err)
 	}
-	return ours(t, ns, v)
+	return ns, b
 }
 
 // forEachVariant runs fn as a subtest per variant.
@@ -198,13 +206,9 @@ func TestKernelSyncReadsBack(t *testing.T) {
 // model does.
 func TestKernelIncrementalMatchesFull(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, v Variant) {
-		ns := kernelNS(t, v)
-		b := newKernelBackend(t, ns, v)
-		ctx := context.Background()
 		m := kernelModel()
-		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			t.Fatal(err)
-		}
+		ns, b := syncedBackend(t, v, m)
+		ctx := context.Background()
 		v4 := m.Ports[corev1.IPv4Protocol]
 		web, np, empty := nameOf("default", "web", "http"), nameOf("default", "np", "http"), nameOf("default", "empty", "http")
 		steps := []struct {
@@ -258,13 +262,9 @@ func TestKernelIncrementalMatchesFull(t *testing.T) {
 // deletes is gone) is redone as a full sync.
 func TestKernelIncrementalFallsBackToFull(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, v Variant) {
-		ns := kernelNS(t, v)
-		b := newKernelBackend(t, ns, v)
-		ctx := context.Background()
 		m := kernelModel()
-		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			t.Fatal(err)
-		}
+		ns, b := syncedBackend(t, v, m)
+		ctx := context.Background()
 		// The rule an incremental sync of web would delete is gone.
 		ipt(t, ns, v, false, "", "", "-t", "nat", "-F", chainServices)
 		web := nameOf("default", "web", "http")
@@ -283,13 +283,9 @@ func TestKernelIncrementalFallsBackToFull(t *testing.T) {
 
 func TestKernelRepairsDrift(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, v Variant) {
-		ns := kernelNS(t, v)
-		b := newKernelBackend(t, ns, v)
-		ctx := context.Background()
 		m := kernelModel()
-		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			t.Fatal(err)
-		}
+		ns, b := syncedBackend(t, v, m)
+		ctx := context.Background()
 		want := ours(t, ns, v)
 		web := namesFor(nameOf("default", "web", "http"))
 		ipt(t, ns, v, false, "", "", "-t", "nat", "-D", "PREROUTING", "1")
@@ -483,14 +479,6 @@ func TestKernelPresent(t *testing.T) {
 func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, v Variant) {
 		ctx := context.Background()
-		synced := func(t *testing.T) (*netlab.NetNS, *Backend) {
-			ns := kernelNS(t, v)
-			b := newKernelBackend(t, ns, v)
-			if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: kernelModel(), Full: true}); err != nil {
-				t.Fatal(err)
-			}
-			return ns, b
-		}
 		cleanedUp := func(t *testing.T, ns *netlab.NetNS, b *Backend) []string {
 			t.Helper()
 			removed, err := b.Cleanup(ctx)
@@ -507,7 +495,7 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 		if v == NFT {
 			// The removal by name alone removes everything the sync
 			// programmed: the listing after it has nothing left to find.
-			ns, b := synced(t)
+			ns, b := syncedBackend(t, v, kernelModel())
 			cur, err := programmedTables(ns.NS(), ipv4, b.state[ipv4])
 			if err != nil {
 				t.Fatal(err)
@@ -528,16 +516,16 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 			}
 		}
 
-		nsA, a := synced(t)
+		nsA, a := syncedBackend(t, v, kernelModel())
 		byName := cleanedUp(t, nsA, a)
-		nsB, _ := synced(t)
+		nsB, _ := syncedBackend(t, v, kernelModel())
 		listed := cleanedUp(t, nsB, newKernelBackend(t, nsB, v))
 		if !slices.Equal(byName, listed) {
 			t.Errorf("the syncing backend's cleanup removed\n%s\nthe listing cleanup\n%s", strings.Join(byName, "\n"), strings.Join(listed, "\n"))
 		}
 
 		t.Run("a chain it did not program", func(t *testing.T) {
-			ns, b := synced(t)
+			ns, b := syncedBackend(t, v, kernelModel())
 			ipt(t, ns, v, false, "", "", "-t", "nat", "-N", ChainPrefix+"LEFTOVER")
 			removed := cleanedUp(t, ns, b)
 			if !slices.Contains(removed, removedChain(runner{variant: v}.tool(ipv4), tableNAT, ChainPrefix+"LEFTOVER")) {
@@ -548,7 +536,7 @@ func TestKernelCleanupOfWhatTheBackendProgrammed(t *testing.T) {
 			}
 		})
 		t.Run("a chain of it gone", func(t *testing.T) {
-			ns, b := synced(t)
+			ns, b := syncedBackend(t, v, kernelModel())
 			// Take one chain out (the first the listing names that
 			// another chain jumps to): flush it and the chains that refer
 			// to it, then delete it.

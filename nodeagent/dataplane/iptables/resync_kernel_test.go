@@ -21,13 +21,9 @@ import (
 // tables as a full sync of the model does.
 func TestKernelResyncVerifiesAndRepairs(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, v Variant) {
-		ns := kernelNS(t, v)
-		b := newKernelBackend(t, ns, v)
-		ctx := context.Background()
 		m := kernelModel()
-		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-			t.Fatal(err)
-		}
+		ns, b := syncedBackend(t, v, m)
+		ctx := context.Background()
 		v4 := m.Ports[corev1.IPv4Protocol]
 		web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
 		empty := model.ServicePortName{Namespace: "default", Name: "empty", Port: "http", Protocol: corev1.ProtocolTCP}
