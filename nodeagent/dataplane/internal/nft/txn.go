@@ -233,19 +233,54 @@ func sendBatch(netns nsexec.NS, batch [][]byte, last uint32) (err error) {
 	if err := c.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
 		return err
 	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	buf := receiveBuffers.Get().(*[]byte)
+	defer receiveBuffers.Put(buf)
 	for {
-		// Receive returns the first error report as an error: the kernel
-		// rejected the batch and applied none of it.
-		msgs, err := c.Receive()
+		n, err := receive(rc, buf)
 		if err != nil {
-			return fmt.Errorf("nft: transaction rejected: %w", err)
+			return fmt.Errorf("nft: the kernel's answer to a batch of %d messages: %w", last-1, err)
 		}
-		for _, m := range msgs {
-			if m.Header.Sequence == last {
-				return nil
-			}
+		if done, err := batchAnswer((*buf)[:n], batch, last); done {
+			return err
 		}
 	}
+}
+
+// batchAnswer reads one datagram b of the kernel's answer to batch and
+// says whether it ends the answer: the acknowledgement of the message
+// numbered last, or the first error report, which means the kernel
+// rejected the batch and applied none of it, returned as a
+// *RejectedError naming the refused message.
+func batchAnswer(b []byte, batch [][]byte, last uint32) (done bool, err error) {
+	for len(b) >= nlmsgHdrLen {
+		n := int(binary.NativeEndian.Uint32(b))
+		if n < nlmsgHdrLen || n > len(b) {
+			return true, fmt.Errorf("nft: malformed netlink message (length %d of %d bytes left)", n, len(b))
+		}
+		typ := binary.NativeEndian.Uint16(b[4:])
+		flags := binary.NativeEndian.Uint16(b[6:])
+		seq := binary.NativeEndian.Uint32(b[8:])
+		body := b[nlmsgHdrLen:n]
+		b = b[min(nlmsgAlign(n), len(b)):]
+		if typ == unix.NLMSG_ERROR {
+			refused, errno, text := rejection(flags, body)
+			if errno != 0 {
+				rej := &RejectedError{Errno: errno, Text: text}
+				if msg, index, count := messageNumbered(batch, refused); msg != nil {
+					rej.Op, rej.Index, rej.Count = describeMessage(msg), index, count
+				}
+				return true, rej
+			}
+		}
+		if seq == last {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // nlmsgHdrLen is the length of struct nlmsghdr.

@@ -2,10 +2,13 @@ package nft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
@@ -36,14 +39,59 @@ func TestEncodedTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad.Conn().DelChain(&nftables.Chain{Name: "missing", Table: table})
-	if err := bad.Commit(); err == nil {
+	err := bad.Commit()
+	if err == nil {
 		t.Fatal("deleting a missing chain was accepted")
+	}
+	if want := "nft: transaction rejected at message 2 of 2, delete chain ip proxyshift-txn-test missing: no such file or directory"; err.Error() != want || !errors.Is(err, unix.ENOENT) {
+		t.Errorf("the rejection says %q, want %q (and ENOENT)", err, want)
 	}
 	if n := countChains(t, ns, table.Name); n != chains {
 		t.Errorf("after a rejected transaction the kernel holds %d chains, want %d", n, chains)
 	}
 	if err := bad.Commit(); err == nil {
 		t.Error("a transaction committed twice")
+	}
+}
+
+// A rejected transaction's error names the message the kernel refused,
+// whichever way the message was written: a rule (AddRule) to a chain
+// that does not exist, elements (AddElements) of a set that does not
+// exist, each after thousands of accepted messages; the kernel applies
+// none of it.
+func TestRejectionNamesTheMessage(t *testing.T) {
+	netlab.RequireRoot(t)
+	ns := netlab.NewNetNS(t, "txn")
+	table := &nftables.Table{Name: "proxyshift-txn-test", Family: nftables.TableFamilyIPv4}
+	const chains = 3000
+	for _, c := range []struct {
+		name  string
+		queue func(*Txn) error
+		want  string
+	}{
+		{"rule", func(txn *Txn) error {
+			return AddRule(txn, table, "missing", []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}})
+		}, "nft: transaction rejected at message 3002 of 3002, add rule to chain ip proxyshift-txn-test missing (expressions: counter, immediate): no such file or directory"},
+		{"elements", func(txn *Txn) error {
+			set := &nftables.Set{Name: "missing", Table: table, KeyType: nftables.TypeInteger}
+			return AddElements(txn, set, identity, []Element{{Key: []byte{0, 0, 0, 1}}, {Key: []byte{0, 0, 0, 2}}})
+		}, "nft: transaction rejected at message 3002 of 3002, add 2 elements to set ip proxyshift-txn-test missing: no such file or directory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			txn := NewTxn(ns.NS())
+			queueTableOfChains(t, txn, table, chains, txn.Queued)
+			if err := c.queue(txn); err != nil {
+				t.Fatal(err)
+			}
+			err := txn.Commit()
+			var rej *RejectedError
+			if !errors.As(err, &rej) || err.Error() != c.want {
+				t.Fatalf("the rejection says %v, want %q", err, c.want)
+			}
+			if n := countChains(t, ns, table.Name); n != 0 {
+				t.Errorf("after the rejected transaction the kernel holds %d chains, want none", n)
+			}
+		})
 	}
 }
 
