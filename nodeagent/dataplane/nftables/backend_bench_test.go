@@ -16,39 +16,37 @@ import (
 // The benchmarks program a real kernel, in a network namespace of their
 // own, with n ClusterIP services of 10 endpoints each (as root only).
 
-// benchmarkFullSync measures a full resync of a table already holding
-// the model: every chain and map flushed and written again.
-func benchmarkFullSync(b *testing.B, n int) {
-	ns, _ := kernelNS(b)
+// syncedBackend is a backend in a network namespace of its own, with a
+// google/nftables connection that reads it, holding BenchModel(n) after
+// one full sync.
+func syncedBackend(b *testing.B, n int) (*nftables.Conn, *Backend, *model.Snapshot) {
+	ns, conn := kernelNS(b)
 	be := newBackend(b, ns)
 	m := dt.BenchModel(n)
 	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
 		b.Fatal(err)
 	}
+	return conn, be, m
+}
+
+// benchmarkFullSync measures a full resync of a table already holding
+// the model: every chain and map flushed and written again.
+func benchmarkFullSync(b *testing.B, n int) {
+	_, be, m := syncedBackend(b, n)
 	dt.FullSyncs(b, be, m)
 }
 
 // benchmarkOneEndpointChange measures an incremental sync after one
 // endpoint of one service changed.
 func benchmarkOneEndpointChange(b *testing.B, n int) {
-	ns, _ := kernelNS(b)
-	be := newBackend(b, ns)
-	m := dt.BenchModel(n)
-	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		b.Fatal(err)
-	}
+	_, be, m := syncedBackend(b, n)
 	dt.EndpointChanges(b, be, m)
 }
 
 // benchmarkResync measures a periodic resync of a table that holds the
 // model: read back and compared, nothing written.
 func benchmarkResync(b *testing.B, n int) {
-	ns, _ := kernelNS(b)
-	be := newBackend(b, ns)
-	m := dt.BenchModel(n)
-	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		b.Fatal(err)
-	}
+	_, be, m := syncedBackend(b, n)
 	b.ResetTimer()
 	for range b.N {
 		if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true, Resync: true}); err != nil {
@@ -84,12 +82,7 @@ func benchmarkProgrammed(b *testing.B, n int) {
 // kernel re-validate the table at the commit; "counter" adds a rule
 // without NAT, which does not: the difference is the validation.
 func benchmarkReplaceServiceRule(b *testing.B, n int) {
-	ns, conn := kernelNS(b)
-	be := newBackend(b, ns)
-	m := dt.BenchModel(n)
-	if _, err := be.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		b.Fatal(err)
-	}
+	conn, _, m := syncedBackend(b, n)
 	table := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
 	names := model.SortedNames(m.Ports[corev1.IPv4Protocol])[:100]
 	chains := make([]*nftables.Chain, len(names))
