@@ -52,13 +52,6 @@ func (e *RejectedError) Error() string {
 // Unwrap makes errors.Is(err, unix.ENOENT) and the like work.
 func (e *RejectedError) Unwrap() error { return e.Errno }
 
-// nlmsgerr attributes (include/uapi/linux/netlink.h) and the error
-// message's flag that says they follow.
-const (
-	nlmsgerrAttrMsg = 1
-	nlmFAckTLVs     = 0x200
-)
-
 // rejection reads an NLMSG_ERROR message's body (after its header, whose
 // flags are flags) and returns the refused message's sequence number and
 // the kernel's errno and text; errno 0 is an acknowledgement.
@@ -72,7 +65,7 @@ func rejection(flags uint16, body []byte) (seq uint32, errno unix.Errno, text st
 		return seq, 0, ""
 	}
 	errno = unix.Errno(-code)
-	if flags&nlmFAckTLVs != 0 {
+	if flags&unix.NLM_F_ACK_TLVS != 0 {
 		// The refused message is quoted whole unless the socket asked
 		// for it capped; the attributes follow it.
 		n := int(binary.NativeEndian.Uint32(body[4:]))
@@ -82,7 +75,7 @@ func rejection(flags uint16, body []byte) (seq uint32, errno unix.Errno, text st
 		if 4+nlmsgAlign(n) <= len(body) {
 			a := newAttrs(body[4+nlmsgAlign(n):])
 			for a.next() {
-				if a.typ == nlmsgerrAttrMsg {
+				if a.typ == unix.NLMSGERR_ATTR_MSG {
 					text = a.str()
 				}
 			}

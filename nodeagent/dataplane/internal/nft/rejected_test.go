@@ -66,12 +66,12 @@ func TestDescribeMessages(t *testing.T) {
 // number, the errno, and the text that follows the quoted message when
 // the report has attributes; an acknowledgement is errno 0.
 func TestRejection(t *testing.T) {
-	report := func(code int32, quoted []byte, flags uint16, text string) []byte {
+	report := func(code int32, quoted []byte, text string) []byte {
 		b := binary.NativeEndian.AppendUint32(nil, uint32(code))
 		b = append(b, quoted...)
 		if text != "" {
 			attr := binary.NativeEndian.AppendUint16(nil, uint16(4+len(text)+1))
-			attr = binary.NativeEndian.AppendUint16(attr, nlmsgerrAttrMsg)
+			attr = binary.NativeEndian.AppendUint16(attr, unix.NLMSGERR_ATTR_MSG)
 			attr = append(attr, text...)
 			attr = append(attr, 0)
 			for len(attr)%4 != 0 {
@@ -91,10 +91,10 @@ func TestRejection(t *testing.T) {
 		errno    unix.Errno
 		wantText string
 	}{
-		{"acknowledgement", 0, report(0, header, 0, ""), 7, 0, ""},
-		{"errno only", 0, report(-int32(unix.ENOENT), quoted, 0, ""), 7, unix.ENOENT, ""},
-		{"quoted message and text", nlmFAckTLVs, report(-int32(unix.EINVAL), quoted, 0, "bad thing"), 7, unix.EINVAL, "bad thing"},
-		{"capped and text", nlmFAckTLVs | unix.NLM_F_CAPPED, report(-int32(unix.EOPNOTSUPP), header, 0, "no such expression"), 7, unix.EOPNOTSUPP, "no such expression"},
+		{"acknowledgement", 0, report(0, header, ""), 7, 0, ""},
+		{"errno only", 0, report(-int32(unix.ENOENT), quoted, ""), 7, unix.ENOENT, ""},
+		{"quoted message and text", unix.NLM_F_ACK_TLVS, report(-int32(unix.EINVAL), quoted, "bad thing"), 7, unix.EINVAL, "bad thing"},
+		{"capped and text", unix.NLM_F_ACK_TLVS | unix.NLM_F_CAPPED, report(-int32(unix.EOPNOTSUPP), header, "no such expression"), 7, unix.EOPNOTSUPP, "no such expression"},
 		{"too short", 0, []byte{1, 2}, 0, 0, ""},
 	} {
 		seq, errno, text := rejection(c.flags, c.body)
