@@ -129,14 +129,14 @@ var messageVerbs = map[uint16]string{
 // attribute 1; a chain's name is 3, a rule's chain 2, a set's name 2, an
 // element list's set 2.
 const (
-	attrTable        = 1
-	attrChainName    = 3
-	attrRuleChain    = 2
-	attrRuleExprs    = 4
-	attrSetName      = 2
-	attrElemListSet  = 2
-	attrElemListElem = 3
-	attrExprName     = 1
+	attrTable        = unix.NFTA_TABLE_NAME
+	attrChainName    = unix.NFTA_CHAIN_NAME
+	attrRuleChain    = unix.NFTA_RULE_CHAIN
+	attrRuleExprs    = unix.NFTA_RULE_EXPRESSIONS
+	attrSetName      = unix.NFTA_SET_NAME
+	attrElemListSet  = unix.NFTA_SET_ELEM_LIST_SET
+	attrElemListElem = unix.NFTA_SET_ELEM_LIST_ELEMENTS
+	attrExprName     = unix.NFTA_EXPR_NAME
 )
 
 // describeMessage says what one nf_tables message of a batch does, in
@@ -181,9 +181,7 @@ func describeMessage(msg []byte) string {
 				name = a.str()
 			}
 			if a.typ == attrElemListElem {
-				for e := a.nested(); e.next(); {
-					elements++
-				}
+				elements = countElements(a.nested())
 			}
 		}
 	}
@@ -212,6 +210,23 @@ func describeMessage(msg []byte) string {
 		return fmt.Sprintf("%s %d %s %s set %s", verb, elements, noun, prep, object)
 	}
 	return verb + " " + object
+}
+
+// countElements counts the elements of an element list as nft lists
+// them: an interval's end, sent as an element of its own flagged
+// NFT_SET_ELEM_INTERVAL_END, is part of its interval.
+func countElements(list attrs) int {
+	n := 0
+	for list.next() {
+		end := false
+		for e := list.nested(); e.next(); {
+			end = end || e.typ == unix.NFTA_SET_ELEM_FLAGS && e.be32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		}
+		if !end {
+			n++
+		}
+	}
+	return n
 }
 
 // expressionNames lists the names of a rule's expressions (their

@@ -29,6 +29,12 @@ func TestDescribeMessages(t *testing.T) {
 	if err := DeleteElements(txn, set, identity, []Element{{Key: []byte{0, 0, 0, 1}}}); err != nil {
 		t.Fatal(err)
 	}
+	// Two ranges of an interval map: nft lists two elements, the batch
+	// holds four (each range's end is an element flagged as one).
+	ranges := &nftables.Set{Name: "service-endpoints-1", Table: table, KeyType: nftables.TypeInteger, Interval: true, IsMap: true}
+	if err := AddElements(txn, ranges, identity, []Element{{Key: []byte{0, 0, 0, 0}, Data: []byte{1}}, {Key: []byte{0, 0, 0x80, 0}, Data: []byte{2}}}); err != nil {
+		t.Fatal(err)
+	}
 	txn.Conn().DelChain(&nftables.Chain{Name: "old", Table: table})
 	txn.Conn().DelSet(&nftables.Set{Name: "gone", Table: table})
 	txn.Conn().DelTable(table)
@@ -43,6 +49,7 @@ func TestDescribeMessages(t *testing.T) {
 		"add rule to chain ip6 proxyshift c (expressions: counter)",
 		"add 2 elements to set ip6 proxyshift service-endpoints-0",
 		"delete 1 element from set ip6 proxyshift service-endpoints-0",
+		"add 2 elements to set ip6 proxyshift service-endpoints-1",
 		"delete chain ip6 proxyshift old",
 		"delete set ip6 proxyshift gone",
 		"delete table ip6 proxyshift",
