@@ -179,11 +179,18 @@ func quoteFailedLine(err error, input restoreInput) string {
 	if input.writeTo(&text) != nil {
 		return ""
 	}
-	lines := bytes.Split(text.Bytes(), []byte("\n"))
-	if n < 1 || n > len(lines) {
+	rest := text.Bytes()
+	for i := 1; i < n; i++ {
+		_, after, found := bytes.Cut(rest, []byte("\n"))
+		if !found {
+			return ""
+		}
+		rest = after
+	}
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+	if n < 1 || len(rest) == 0 {
 		return ""
 	}
-	line := lines[n-1]
 	if len(line) > maxQuoted {
 		line = append(line[:maxQuoted:maxQuoted], "..."...)
 	}

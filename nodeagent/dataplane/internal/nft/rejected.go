@@ -108,36 +108,27 @@ func messageNumbered(batch [][]byte, seq uint32) (msg []byte, index, count int) 
 	return msg, index, i
 }
 
-// messageVerbs names the nf_tables message types a transaction sends.
-var messageVerbs = map[uint16]string{
-	unix.NFT_MSG_NEWTABLE:   "add table",
-	unix.NFT_MSG_DELTABLE:   "delete table",
-	unix.NFT_MSG_NEWCHAIN:   "add chain",
-	unix.NFT_MSG_DELCHAIN:   "delete chain",
-	unix.NFT_MSG_NEWRULE:    "add rule",
-	unix.NFT_MSG_DELRULE:    "delete rule",
-	unix.NFT_MSG_NEWSET:     "add set",
-	unix.NFT_MSG_DELSET:     "delete set",
-	unix.NFT_MSG_NEWSETELEM: "add",
-	unix.NFT_MSG_DELSETELEM: "delete",
-	unix.NFT_MSG_NEWOBJ:     "add object",
-	unix.NFT_MSG_DELOBJ:     "delete object",
+// messageKinds say, for each nf_tables message type a transaction sends,
+// what it does in nft's words (for element lists, with the count and
+// noun to fill in) and which attribute names its object (0: the table
+// itself).
+var messageKinds = map[uint16]struct {
+	verb     string
+	nameAttr uint16
+}{
+	unix.NFT_MSG_NEWTABLE:   {"add table", 0},
+	unix.NFT_MSG_DELTABLE:   {"delete table", 0},
+	unix.NFT_MSG_NEWCHAIN:   {"add chain", unix.NFTA_CHAIN_NAME},
+	unix.NFT_MSG_DELCHAIN:   {"delete chain", unix.NFTA_CHAIN_NAME},
+	unix.NFT_MSG_NEWRULE:    {"add rule to chain", unix.NFTA_RULE_CHAIN},
+	unix.NFT_MSG_DELRULE:    {"delete rule in chain", unix.NFTA_RULE_CHAIN},
+	unix.NFT_MSG_NEWSET:     {"add set", unix.NFTA_SET_NAME},
+	unix.NFT_MSG_DELSET:     {"delete set", unix.NFTA_SET_NAME},
+	unix.NFT_MSG_NEWSETELEM: {"add %d %s to set", unix.NFTA_SET_ELEM_LIST_SET},
+	unix.NFT_MSG_DELSETELEM: {"delete %d %s from set", unix.NFTA_SET_ELEM_LIST_SET},
+	unix.NFT_MSG_NEWOBJ:     {"add object", unix.NFTA_OBJ_NAME},
+	unix.NFT_MSG_DELOBJ:     {"delete object", unix.NFTA_OBJ_NAME},
 }
-
-// Attribute numbers of the messages describeMessage reads
-// (include/uapi/linux/netfilter/nf_tables.h): every message's table is
-// attribute 1; a chain's name is 3, a rule's chain 2, a set's name 2, an
-// element list's set 2.
-const (
-	attrTable        = unix.NFTA_TABLE_NAME
-	attrChainName    = unix.NFTA_CHAIN_NAME
-	attrRuleChain    = unix.NFTA_RULE_CHAIN
-	attrRuleExprs    = unix.NFTA_RULE_EXPRESSIONS
-	attrSetName      = unix.NFTA_SET_NAME
-	attrElemListSet  = unix.NFTA_SET_ELEM_LIST_SET
-	attrElemListElem = unix.NFTA_SET_ELEM_LIST_ELEMENTS
-	attrExprName     = unix.NFTA_EXPR_NAME
-)
 
 // describeMessage says what one nf_tables message of a batch does, in
 // nft's words: "add rule to chain ip proxyshift services (expressions:
@@ -148,68 +139,41 @@ func describeMessage(msg []byte) string {
 		return "a malformed message"
 	}
 	typ := binary.NativeEndian.Uint16(msg[4:]) & 0xff
-	family := familyName(nftables.TableFamily(msg[nlmsgHdrLen]))
-	verb, ok := messageVerbs[typ]
+	kind, ok := messageKinds[typ]
 	if !ok {
 		return fmt.Sprintf("message type %d", typ)
 	}
-	var table, name string
+	rule := typ == unix.NFT_MSG_NEWRULE || typ == unix.NFT_MSG_DELRULE
+	elems := typ == unix.NFT_MSG_NEWSETELEM || typ == unix.NFT_MSG_DELSETELEM
+	table, name := "", ""
 	var exprs []string
 	elements := 0
-	a := newAttrs(msg[nlmsgHdrLen+4:])
-	for a.next() {
+	for a := newAttrs(msg[nlmsgHdrLen+4:]); a.next(); {
 		switch {
-		case a.typ == attrTable:
+		case a.typ == unix.NFTA_TABLE_NAME: // attribute 1 in every message
 			table = a.str()
-		case typ == unix.NFT_MSG_NEWCHAIN || typ == unix.NFT_MSG_DELCHAIN:
-			if a.typ == attrChainName {
-				name = a.str()
-			}
-		case typ == unix.NFT_MSG_NEWRULE || typ == unix.NFT_MSG_DELRULE:
-			if a.typ == attrRuleChain {
-				name = a.str()
-			}
-			if a.typ == attrRuleExprs {
-				exprs = expressionNames(a.nested())
-			}
-		case typ == unix.NFT_MSG_NEWSET || typ == unix.NFT_MSG_DELSET:
-			if a.typ == attrSetName {
-				name = a.str()
-			}
-		case typ == unix.NFT_MSG_NEWSETELEM || typ == unix.NFT_MSG_DELSETELEM:
-			if a.typ == attrElemListSet {
-				name = a.str()
-			}
-			if a.typ == attrElemListElem {
-				elements = countElements(a.nested())
-			}
+		case kind.nameAttr != 0 && a.typ == kind.nameAttr:
+			name = a.str()
+		case rule && a.typ == unix.NFTA_RULE_EXPRESSIONS:
+			exprs = expressionNames(a.nested())
+		case elems && a.typ == unix.NFTA_SET_ELEM_LIST_ELEMENTS:
+			elements = countElements(a.nested())
 		}
 	}
-	object := strings.TrimSpace(family + " " + table + " " + name)
-	switch typ {
-	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE:
-		return verb + " " + object
-	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
-		s := verb + " in chain " + object
-		if typ == unix.NFT_MSG_NEWRULE {
-			s = verb + " to chain " + object
-		}
-		if len(exprs) > 0 {
-			s += " (expressions: " + strings.Join(exprs, ", ") + ")"
-		}
-		return s
-	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM:
+	verb := kind.verb
+	if elems {
 		noun := "elements"
 		if elements == 1 {
 			noun = "element"
 		}
-		prep := "to"
-		if typ == unix.NFT_MSG_DELSETELEM {
-			prep = "from"
-		}
-		return fmt.Sprintf("%s %d %s %s set %s", verb, elements, noun, prep, object)
+		verb = fmt.Sprintf(verb, elements, noun)
 	}
-	return verb + " " + object
+	family := familyName(nftables.TableFamily(msg[nlmsgHdrLen]))
+	s := verb + " " + strings.TrimSpace(family+" "+table+" "+name)
+	if len(exprs) > 0 {
+		s += " (expressions: " + strings.Join(exprs, ", ") + ")"
+	}
+	return s
 }
 
 // countElements counts the elements of an element list as nft lists
@@ -235,7 +199,7 @@ func expressionNames(list attrs) []string {
 	var names []string
 	for list.next() {
 		for e := list.nested(); e.next(); {
-			if e.typ == attrExprName {
+			if e.typ == unix.NFTA_EXPR_NAME {
 				names = append(names, e.str())
 			}
 		}
