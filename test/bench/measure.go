@@ -60,6 +60,10 @@ type Result struct {
 	// Ruleset is the node's `nft list ruleset` once the first sync has
 	// settled (see MeasureRuleset).
 	Ruleset RulesetSize
+	// RulesetKernel is the kernel memory the program's ruleset held at
+	// the end of its run (see rulesetKernelMemory), or 0 when this
+	// machine cannot tell.
+	RulesetKernel int64
 	// Switches are the mode switches measured after everything else
 	// (proxyshift only, at Plan.SwitchSize), or nil.
 	Switches *SwitchResult
@@ -225,6 +229,29 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 		return res, err
 	}
 	defer run.Stop()
+	// The program runs in a memory cgroup of its own, which tells its
+	// ruleset's kernel memory at the end; a machine without one measures
+	// everything else. In IPVS mode the virtual services are no nftables
+	// object, and what deleting the tables frees would be a part only.
+	var cg *memcg
+	if mode == "ipvs" {
+		err = errors.New("the virtual services are not nftables objects")
+	} else {
+		cg, err = newMemcg(fmt.Sprintf("proxyshift-bench-%d-%s-%s-%d", os.Getpid(), prog.Name, mode, n))
+	}
+	if err == nil {
+		defer func(cg *memcg) {
+			_ = run.Stop()
+			if err := cg.remove(); err != nil {
+				plan.Logf("remove the memory cgroup: %v", err)
+			}
+		}(cg)
+		err = cg.add(run.proc.Pid())
+	}
+	if err != nil {
+		plan.Logf("%s %s %d services: the ruleset's kernel memory is not measured: %v", prog.Name, mode, n, err)
+		cg = nil
+	}
 	fail := func(err error) (Result, error) {
 		return res, fmt.Errorf("%w (log: %s)", err, run.proc.Log)
 	}
@@ -351,6 +378,18 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 			res.Switches.Err = fmt.Sprintf("%v (log: %s)", err, run.proc.Log)
 			plan.Logf("%s", res.Switches.Err)
 		}
+	}
+	if cg != nil && res.Ruleset.Bytes > 0 {
+		// The program leaves its rules behind when it stops, as it does
+		// on a node. (An iptables mode on the legacy backend lists
+		// nothing in nft, and its tables are not deleted here.)
+		if err := run.Stop(); err != nil {
+			return fail(err)
+		}
+		if res.RulesetKernel, err = rulesetKernelMemory(ctx, cg, node.NS.NS()); err != nil {
+			return fail(fmt.Errorf("the ruleset's kernel memory: %w", err))
+		}
+		plan.Logf("%s %s %d services: the ruleset's kernel memory %.2f MB", prog.Name, mode, n, mb(int(res.RulesetKernel)))
 	}
 	return res, nil
 }

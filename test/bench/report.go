@@ -302,6 +302,10 @@ func (r *Report) rows(mode string) []row {
 		}
 		out = append(out, rw)
 	})
+	each(func(n int, kp, ps Result, _ bool) {
+		out = append(out, sizeRow(fmt.Sprintf("the ruleset's kernel memory (what deleting its tables frees in the program's memory cgroup), %d services", n),
+			kp.RulesetKernel, ps.RulesetKernel, func(b int64) string { return fmtMB(int(b)) }))
+	})
 	each(func(n int, kp, ps Result, atLargest bool) {
 		if !atLargest {
 			return
@@ -331,15 +335,18 @@ func (r *Report) rows(mode string) []row {
 	return out
 }
 
-// bytesRow compares two sizes in bytes; a program not measured (0)
+// bytesRow compares two sizes in bytes, in MiB; a program not measured (0)
 // shows "-".
-func bytesRow(what string, kp, ps int64) row {
+func bytesRow(what string, kp, ps int64) row { return sizeRow(what, kp, ps, fmtMiB) }
+
+// sizeRow compares two sizes in bytes, written by format; 0 is no figure.
+func sizeRow(what string, kp, ps int64, format func(int64) string) row {
 	rw := row{what: what, kp: "-", ps: "-", ratio: "-"}
 	if kp > 0 {
-		rw.kp = fmtMiB(kp)
+		rw.kp = format(kp)
 	}
 	if ps > 0 {
-		rw.ps = fmtMiB(ps)
+		rw.ps = format(ps)
 	}
 	if kp > 0 && ps > 0 {
 		rw.ratio = fmt.Sprintf("%.2f", float64(ps)/float64(kp))

@@ -11,9 +11,9 @@ import (
 
 // RulesetSize is what `nft list ruleset` shows in a node namespace once a
 // program has synced: the length of the listing, and where the bytes go.
-// It compares the two programs' tables as a user sees them; the kernel's
-// memory for the same objects is not readable from inside a namespace
-// (no per-namespace slabinfo), so the object counts stand in for it.
+// It compares the two programs' tables as a user sees them; what the
+// kernel holds for the same objects is measured apart, at the end of a
+// run (rulesetKernelMemory).
 type RulesetSize struct {
 	// Bytes is the length of the whole listing (every table of every
 	// family: in nftables mode, the program's own tables).
