@@ -44,6 +44,16 @@
 // whose first sync gave up, both are what it used until then, lower
 // bounds of its peaks.
 //
+// The ruleset (rulesetsize.go, kmem.go): once the first sync has
+// settled, `nft list ruleset` in the node namespace, its length and
+// what the bytes are; and at the end of the run what the kernel holds
+// for it. Each program runs in a memory cgroup of its own, to which
+// nf_tables charges the tables, chains, rules, sets and elements its
+// netlink requests create; once the program has stopped (leaving its
+// rules, as on a node), the benchmark deletes the namespace's tables and
+// takes the fall of the cgroup's kernel memory. Not in IPVS mode, whose
+// virtual services are no nftables objects.
+//
 // The report (report.go, chart.go) is Markdown tables with p50, p90,
 // p99, the maximum and the sample counts, and PNG charts drawn with
 // gonum/plot: first sync and peak RSS against Service count, and a

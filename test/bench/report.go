@@ -303,6 +303,9 @@ func (r *Report) rows(mode string) []row {
 		out = append(out, rw)
 	})
 	each(func(n int, kp, ps Result, _ bool) {
+		if kp.RulesetKernel == 0 && ps.RulesetKernel == 0 {
+			return // IPVS mode, or a machine that cannot tell
+		}
 		out = append(out, sizeRow(fmt.Sprintf("the ruleset's kernel memory (what deleting its tables frees in the program's memory cgroup), %d services", n),
 			kp.RulesetKernel, ps.RulesetKernel, func(b int64) string { return fmtMB(int(b)) }))
 	})
