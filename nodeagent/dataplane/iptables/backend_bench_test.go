@@ -134,3 +134,28 @@ func syncedBenchBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapsh
 	_, be := syncedBackend(b, v, m)
 	return be, m
 }
+
+// BenchmarkKernelFacts measures the nft variant's kernel facts (gathered
+// every minute) of a node programmed in iptables mode, read as they are
+// (netlink) and with iptables-nft-save, as they were.
+func BenchmarkKernelFacts(b *testing.B) {
+	for _, n := range benchSizes {
+		ns, _ := syncedBackend(b, NFT, dt.BenchModel(n))
+		ctx := context.Background()
+		for _, c := range []struct {
+			name string
+			read func() VariantFacts
+		}{
+			{"netlink", func() VariantFacts { return nftFacts(ctx, ns.NS()) }},
+			{"iptables-nft-save", func() VariantFacts { return facts(probeVariant(ctx, NFT, ns.NS())) }},
+		} {
+			b.Run(fmt.Sprintf("%dk/%s", n/1000, c.name), func(b *testing.B) {
+				for b.Loop() {
+					if f := c.read(); !f.HoldsRules || f.Err != nil {
+						b.Fatalf("facts of a programmed node: %+v", f)
+					}
+				}
+			})
+		}
+	}
+}

@@ -34,3 +34,39 @@ func TestKernelDetect(t *testing.T) {
 		t.Fatalf("New detected %v, %v; want legacy", b, err)
 	}
 }
+
+// The nft variant's facts come from use counts over netlink, not from
+// iptables-nft-save: they must say what the save says, step by step, as
+// the tables gain and lose rules and chains in either family.
+func TestKernelFactsOfTheNFTVariant(t *testing.T) {
+	ns := kernelNS(t, NFT)
+	ctx := context.Background()
+	for _, step := range []struct {
+		name  string
+		ip6   bool
+		args  []string // none: only read
+		holds bool
+	}{
+		{name: "empty namespace"},
+		{name: "a listing, which creates nothing", args: []string{"-t", "filter", "-S", "INPUT"}},
+		{name: "a rule in a built-in chain", args: []string{"-t", "filter", "-A", "INPUT", "-j", "ACCEPT"}, holds: true},
+		{name: "the rule deleted: the table and its chain stay, empty", args: []string{"-t", "filter", "-D", "INPUT", "-j", "ACCEPT"}},
+		{name: "kubelet's hint chain", args: []string{"-t", "mangle", "-N", "KUBE-IPTABLES-HINT"}, holds: true},
+		{name: "the hint chain deleted", args: []string{"-t", "mangle", "-X", "KUBE-IPTABLES-HINT"}},
+		{name: "an IPv6 rule", ip6: true, args: []string{"-t", "raw", "-A", "PREROUTING", "-j", "ACCEPT"}, holds: true},
+		{name: "the IPv6 rule deleted", ip6: true, args: []string{"-t", "raw", "-D", "PREROUTING", "-j", "ACCEPT"}},
+		{name: "an IPv6 chain of its own", ip6: true, args: []string{"-t", "nat", "-N", "SOMEONE-ELSES"}, holds: true},
+	} {
+		if len(step.args) > 0 {
+			ipt(t, ns, NFT, step.ip6, "", "", step.args...)
+		}
+		got := nftFacts(ctx, ns.NS())
+		want := VariantFacts{Variant: NFT, Installed: true, HoldsRules: step.holds}
+		if got != want {
+			t.Errorf("%s: nftFacts = %+v, want %+v", step.name, got, want)
+		}
+		if saved := facts(probeVariant(ctx, NFT, ns.NS())); saved != want {
+			t.Errorf("%s: iptables-nft-save says %+v; the step expects %+v", step.name, saved, want)
+		}
+	}
+}

@@ -24,9 +24,6 @@ const (
 	NFT    Variant = "nft"
 )
 
-// variants lists both variants, legacy first.
-var variants = []Variant{Legacy, NFT}
-
 // other returns the variant that is not v.
 func (v Variant) other() Variant {
 	if v == Legacy {

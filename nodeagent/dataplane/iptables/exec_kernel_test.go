@@ -6,6 +6,9 @@ import (
 	"testing"
 )
 
+// variants lists both variants, legacy first.
+var variants = []Variant{Legacy, NFT}
+
 // A restore that fails names the line of its input it stopped at, and the
 // error quotes that line, whichever way the command reports it: the
 // kernel refusing the table's transaction ("line N failed") or the

@@ -443,20 +443,28 @@ func ChainExists(netns nsexec.NS, fam nftables.TableFamily, table, chain string)
 // such chain (or table). It asks for that one chain, which the kernel
 // finds by name in a hash table: unlike a dump of the family's chains,
 // its cost does not grow with the tables.
-func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (_ *nftables.Chain, err error) {
+func LookupChain(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (*nftables.Chain, error) {
+	c, _, err := LookupChainUse(netns, fam, table, chain)
+	return c, err
+}
+
+// LookupChainUse is LookupChain with the chain's use count (see
+// Reader.EachChainUse): for a base chain, which no verdict may name, the
+// number of its rules.
+func LookupChainUse(netns nsexec.NS, fam nftables.TableFamily, table, chain string) (_ *nftables.Chain, use uint32, err error) {
 	s, err := takeSocket(netns)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer func() { s.done(err) }()
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_CHAIN_TABLE, table)
 	ae.String(unix.NFTA_CHAIN_NAME, chain)
 	var found *nftables.Chain
-	if err := requestOn(s.Conn, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(a *attrs) { found, _ = decodeChain(fam, a) }); err != nil {
-		return nil, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
+	if err := requestOn(s.Conn, fam, unix.NFT_MSG_GETCHAIN, netlink.Request, ae, func(a *attrs) { found, use = decodeChain(fam, a) }); err != nil {
+		return nil, 0, fmt.Errorf("nft: look up chain %s of table %s: %w", chain, table, err)
 	}
-	return found, nil
+	return found, use, nil
 }
 
 // TableUses returns, for each table of family fam in network namespace
