@@ -49,36 +49,41 @@ var errNoKernelAccounting = errors.New("no memory cgroup with a kernel memory fi
 
 // newMemcg makes the memory cgroup name below the controller's root.
 func newMemcg(name string) (*memcg, error) {
+	root, kernel, err := kernelAccounting()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(root, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return &memcg{dir: dir, kernel: func() (int64, error) { return kernel(dir) }}, nil
+}
+
+// kernelAccounting finds the memory controller's root and how a cgroup
+// of it tells its kernel memory: cgroup v1's memory.kmem.usage_in_bytes,
+// or the "kernel" line of cgroup v2's memory.stat.
+func kernelAccounting() (root string, kernel func(dir string) (int64, error), err error) {
 	if _, err := os.Stat(filepath.Join(memcgV1Root, "memory.kmem.usage_in_bytes")); err == nil {
-		dir := filepath.Join(memcgV1Root, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return nil, err
-		}
-		usage := filepath.Join(dir, "memory.kmem.usage_in_bytes")
-		return &memcg{dir: dir, kernel: func() (int64, error) {
-			b, err := os.ReadFile(usage)
+		return memcgV1Root, func(dir string) (int64, error) {
+			b, err := os.ReadFile(filepath.Join(dir, "memory.kmem.usage_in_bytes"))
 			if err != nil {
 				return 0, err
 			}
 			return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		}}, nil
+		}, nil
 	}
 	controllers, err := os.ReadFile(filepath.Join(memcgV2Root, "cgroup.subtree_control"))
 	if err != nil || !slices.Contains(strings.Fields(string(controllers)), "memory") {
-		return nil, errNoKernelAccounting
+		return "", nil, errNoKernelAccounting
 	}
-	dir := filepath.Join(memcgV2Root, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return nil, err
-	}
-	stat := filepath.Join(dir, "memory.stat")
-	return &memcg{dir: dir, kernel: func() (int64, error) {
-		b, err := os.ReadFile(stat)
+	return memcgV2Root, func(dir string) (int64, error) {
+		b, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
 		if err != nil {
 			return 0, err
 		}
 		return statValue(b, "kernel")
-	}}, nil
+	}, nil
 }
 
 // statValue is the value of key in a memory.stat file ("key value" lines).
