@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
 // The kernel memory of a ruleset. nf_tables charges what it allocates for
@@ -47,13 +48,26 @@ const (
 // memory figure.
 var errNoKernelAccounting = errors.New("no memory cgroup with a kernel memory figure (cgroup v1 memory.kmem.usage_in_bytes, or cgroup v2 memory.stat \"kernel\")")
 
-// newMemcg makes the memory cgroup name below the controller's root.
-func newMemcg(name string) (*memcg, error) {
+// memcgPrefix starts the names of the memory cgroups the benchmark and
+// its tests make, "<prefix><pid>-<what>" (netlab.OwnedName).
+const memcgPrefix = "proxyshift-bench-"
+
+// newMemcg makes a memory cgroup below the controller's root, named for
+// this process and what, after removing those a killed run left (an
+// empty cgroup whose process is gone).
+func newMemcg(what string) (*memcg, error) {
 	root, kernel, err := kernelAccounting()
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(root, name)
+	if ents, err := os.ReadDir(root); err == nil {
+		for _, e := range ents {
+			if e.IsDir() && netlab.StaleOwned(memcgPrefix, e.Name()) {
+				_ = os.Remove(filepath.Join(root, e.Name()))
+			}
+		}
+	}
+	dir := filepath.Join(root, netlab.OwnedName(memcgPrefix, what))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, err
 	}

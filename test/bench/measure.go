@@ -237,7 +237,7 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	if mode == "ipvs" {
 		err = errors.New("the virtual services are not nftables objects")
 	} else {
-		cg, err = newMemcg(fmt.Sprintf("proxyshift-bench-%d-%s-%s-%d", os.Getpid(), prog.Name, mode, n))
+		cg, err = newMemcg(fmt.Sprintf("%s-%s-%d", prog.Name, mode, n))
 	}
 	if err == nil {
 		defer func(cg *memcg) {
