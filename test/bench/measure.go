@@ -231,26 +231,25 @@ func measure(ctx context.Context, lab *Lab, objs *Objects, plan Plan, prog Progr
 	defer run.Stop()
 	// The program runs in a memory cgroup of its own, which tells its
 	// ruleset's kernel memory at the end; a machine without one measures
-	// everything else. In IPVS mode the virtual services are no nftables
-	// object, and what deleting the tables frees would be a part only.
+	// everything else. Not in IPVS mode: its virtual services are no
+	// nftables objects, and what deleting the tables frees would be a
+	// part only.
 	var cg *memcg
-	if mode == "ipvs" {
-		err = errors.New("the virtual services are not nftables objects")
-	} else {
+	if mode != "ipvs" {
 		cg, err = newMemcg(fmt.Sprintf("%s-%s-%d", prog.Name, mode, n))
-	}
-	if err == nil {
-		defer func(cg *memcg) {
-			_ = run.Stop()
-			if err := cg.remove(); err != nil {
-				plan.Logf("remove the memory cgroup: %v", err)
-			}
-		}(cg)
-		err = cg.add(run.proc.Pid())
-	}
-	if err != nil {
-		plan.Logf("%s %s %d services: the ruleset's kernel memory is not measured: %v", prog.Name, mode, n, err)
-		cg = nil
+		if err == nil {
+			defer func(cg *memcg) {
+				_ = run.Stop()
+				if err := cg.remove(); err != nil {
+					plan.Logf("remove the memory cgroup: %v", err)
+				}
+			}(cg)
+			err = cg.add(run.proc.Pid())
+		}
+		if err != nil {
+			plan.Logf("%s %s %d services: the ruleset's kernel memory is not measured: %v", prog.Name, mode, n, err)
+			cg = nil
+		}
 	}
 	fail := func(err error) (Result, error) {
 		return res, fmt.Errorf("%w (log: %s)", err, run.proc.Log)

@@ -204,15 +204,9 @@ func nftFacts(ctx context.Context, netns nsexec.NS) VariantFacts {
 	return f
 }
 
-// xtablesChains are the tables iptables keeps its rules in, each with
-// the built-in chains it can have.
-var xtablesChains = map[string][]string{
-	"filter":   {"INPUT", "FORWARD", "OUTPUT"},
-	"nat":      {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
-	"mangle":   {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
-	"raw":      {"PREROUTING", "OUTPUT"},
-	"security": {"INPUT", "FORWARD", "OUTPUT"},
-}
+// xtablesTables are the tables iptables keeps its rules in (the only
+// ones iptables-nft-save prints).
+var xtablesTables = []string{"filter", "nat", "mangle", "raw", "security"}
 
 // nftHoldsRules says whether iptables-nft's tables hold anything, in
 // either family: a rule, or a chain besides the built-in ones. It lists
@@ -227,13 +221,13 @@ func nftHoldsRules(netns nsexec.NS) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("iptables: %w", err)
 		}
-		for table, builtin := range xtablesChains {
+		for _, table := range xtablesTables {
 			use, ok := uses[table]
 			if !ok {
 				continue
 			}
 			var found uint32
-			for _, name := range builtin {
+			for name := range builtinChains {
 				c, rules, err := nft.LookupChainUse(netns, f.nft, table, name)
 				switch {
 				case err != nil:
