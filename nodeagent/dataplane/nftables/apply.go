@@ -34,9 +34,8 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 			// Our own set IDs: the library's counter is a global without
 			// a lock.
 			setID++
-			s := o.set.kernel(table)
-			s.ID = setID
-			if err := conn.AddSet(s, nil); err != nil {
+			def := o.set.def()
+			if err := t.AddSet(table, &def, setID); err != nil {
 				return err
 			}
 		case opFlushSet:
@@ -59,20 +58,26 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 	return nil
 }
 
-// kernel is the google/nftables description of s.
-func (s *set) kernel(table *nftables.Table) *nftables.Set {
+// def is s as the nft package describes a set.
+func (s *set) def() nft.Set {
 	d := nft.Set{
-		Name:         s.name,
-		KeyType:      s.keyType,
-		Concat:       s.concat(),
-		Interval:     s.interval,
-		VerdictMap:   s.verdictMap,
-		HostOrderKey: s.hostOrderKey,
-		Timeout:      s.timeout,
+		Name:       s.name,
+		KeyType:    s.keyType,
+		Concat:     s.concat(),
+		Interval:   s.interval,
+		VerdictMap: s.verdictMap,
+		NumgenKey:  s.numgenKey,
+		Timeout:    s.timeout,
 	}
 	if s.dataMap() {
 		d.DataType = s.dataType
 	}
+	return d
+}
+
+// kernel is the google/nftables description of s.
+func (s *set) kernel(table *nftables.Table) *nftables.Set {
+	d := s.def()
 	return d.Kernel(table)
 }
 

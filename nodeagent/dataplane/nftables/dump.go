@@ -140,7 +140,11 @@ func (s *set) dump(b *strings.Builder, elems []element) {
 	case s.dataMap():
 		kind, typ = "map", s.keyText+" : "+s.dataText
 	}
-	fmt.Fprintf(b, "\t%s %s {\n\t\ttype %s\n", kind, s.name, typ)
+	word := "type"
+	if d := s.def(); d.NumgenKey > 0 {
+		word, typ = "typeof", d.Typeof()
+	}
+	fmt.Fprintf(b, "\t%s %s {\n\t\t%s %s\n", kind, s.name, word, typ)
 	switch {
 	case s.interval:
 		b.WriteString("\t\tflags interval\n")

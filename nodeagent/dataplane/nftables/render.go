@@ -426,7 +426,7 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 	c := &chain{Name: name}
 	if sp.AffinityTimeout == 0 {
 		if objs.endpointMap == nil {
-			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true,
+			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true, numgenKey: numgenRange,
 				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
 		}
 		objs.endpointChoices = append(objs.endpointChoices, endpointChoice{f: f, choice: choice, eps: eps})
@@ -434,7 +434,7 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 		objs.chains = append(objs.chains, c)
 		return
 	}
-	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, hostOrderKey: true}
+	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, numgenKey: numgenRange}
 	for i, ep := range eps {
 		epChain, affinity := endpointNames(n.base, ep)
 		c.Rules = append(c.Rules, r().AddrInSet("saddr", false, affinity).Goto(epChain).Rule())

@@ -175,8 +175,10 @@ type set struct {
 	dataText string
 	// interval sets hold prefixes, or ranges of integers.
 	interval bool
-	// hostOrderKey keys (numgen results) are in host byte order.
-	hostOrderKey bool
+	// numgenKey, when not zero, says the keys are numgen results, which
+	// nft is told (typeof "numgen random mod numgenKey"). It is a type,
+	// the same for every map: numgenRange, the endpoint maps' modulus.
+	numgenKey uint32
 	// timeout > 0 makes a set the packet path fills itself (affinity): its
 	// elements are never written by a sync.
 	timeout time.Duration

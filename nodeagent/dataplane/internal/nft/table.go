@@ -72,8 +72,10 @@ type Set struct {
 	// makes the set a data map.
 	VerdictMap bool
 	DataType   nftables.SetDatatype
-	// HostOrderKey keys (numgen results) are in host byte order.
-	HostOrderKey bool
+	// NumgenKey, when not zero, says the keys are results of "numgen
+	// random mod NumgenKey" (in host byte order, or big-endian in an
+	// interval map), which Txn.AddSet tells nft (see typeof.go).
+	NumgenKey uint32
 	// Timeout > 0 makes the set one the packet path fills itself, whose
 	// elements expire.
 	Timeout time.Duration
@@ -95,9 +97,6 @@ func (s *Set) Kernel(t *nftables.Table) *nftables.Set {
 		k.DataType = nftables.TypeVerdict
 	case k.IsMap:
 		k.DataType = s.DataType
-	}
-	if s.HostOrderKey {
-		k.KeyByteOrder = binaryutil.NativeEndian
 	}
 	if s.Timeout > 0 {
 		k.HasTimeout, k.Dynamic, k.Timeout = true, true, s.Timeout

@@ -57,6 +57,8 @@ type Txn struct {
 	err  error
 	// queued counts the operations Queued was told of.
 	queued int
+	// setUserdata is the user data AddSet gives sets of numgen keys.
+	setUserdata map[setRef][]byte
 }
 
 // encodeEvery is how many operations Queued lets pass between two
@@ -123,6 +125,7 @@ func (t *Txn) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	}
 	msgs := req[1 : len(req)-1] // the library's begin and end are t's own
 	markTables(msgs)
+	describeSets(msgs, t.setUserdata)
 	size := 0
 	for _, m := range msgs {
 		size += nlmsgAlign(nlmsgHdrLen + len(m.Data))

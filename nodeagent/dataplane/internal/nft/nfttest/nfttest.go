@@ -14,10 +14,7 @@
 //     10"), writes timeouts in the largest unit ("1h"), shows the default
 //     size of sets the packet path fills ("size 65535"), writes "== 0" of
 //     a masked mark as "== 0x00000000", and leaves out a match it treats
-//     as implied ("meta l4proto tcp" before "reject with tcp reset");
-//   - keys written without nft's type information (numgen results, as
-//     in the service-endpoints maps) are listed as "type 0": the dumps
-//     write "integer".
+//     as implied ("meta l4proto tcp" before "reject with tcp reset").
 //
 // Everything else must be the same, word for word.
 package nfttest
@@ -195,9 +192,6 @@ func statement(l string) string {
 			secs += n * map[byte]int{'d': 86400, 'h': 3600, 'm': 60, 's': 1}[part[len(part)-1]]
 		}
 		return fmt.Sprintf("timeout %ds", secs)
-	}
-	if strings.HasPrefix(l, "type 0 : ") {
-		return "type integer : " + strings.TrimPrefix(l, "type 0 : ")
 	}
 	l = priority.ReplaceAllStringFunc(l, func(s string) string {
 		m := priority.FindStringSubmatch(s)

@@ -1,0 +1,226 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// A set whose keys are numgen results (an endpoint map, an affinity
+// verdict map) has keys of no type nft can name: plain integers. nft
+// itself describes such a set by the expressions its keys and values
+// come from ("typeof numgen random mod 65536 : ip daddr . th dport"), in
+// records of the set's user data that only nft reads; without them `nft
+// list` shows the key as "type 0", which `nft -f` cannot read back, so a
+// saved ruleset holding the table would not load. google/nftables v0.3.0
+// writes none of these records, so Txn.AddSet replaces the user data of
+// such a set's new-set message on its way out with the records nft
+// writes for the same declaration (read with `nft --debug=mnl`, nftables
+// 1.0.6). The kernel keeps user data without reading it.
+
+// Records of a set's user data (libnftnl's NFTNL_UDATA_SET_*), and of a
+// typeof description in it (NFTNL_UDATA_SET_TYPEOF_*).
+const (
+	udataSetKeyByteOrder  = 0
+	udataSetDataByteOrder = 1
+	udataSetKeyTypeof     = 3
+	udataSetDataTypeof    = 4
+	udataSetDataInterval  = 6
+	udataTypeofExpr       = 0
+	udataTypeofData       = 1
+)
+
+// nft's numbers for what a typeof description holds (its enum
+// expr_types, enum byteorder, enum proto_desc_id and the indexes of the
+// payload templates' fields), as nftables 1.0.6 writes them.
+const (
+	nftExprVerdict   = 1
+	nftExprPayload   = 7
+	nftExprConcat    = 13
+	nftExprNumgen    = 23
+	nftByteOrderHost = 1
+	nftProtoTH       = 11
+	nftProtoIP       = 12
+	nftProtoIP6      = 13
+	nftTHDport       = 2
+	nftIPDaddr       = 12
+	nftIP6Daddr      = 9
+)
+
+// typeofExpr is an expression of a typeof description: its text in nft's
+// syntax, and its records.
+type typeofExpr struct {
+	text string
+	// records are the expression's type and its own data (a nested
+	// record each).
+	records []byte
+}
+
+// newTypeofExpr describes an expression of nft's type expr whose own
+// records are data.
+func newTypeofExpr(text string, expr uint32, data []byte) typeofExpr {
+	return typeofExpr{text: text, records: udataNest(udataU32(nil, udataTypeofExpr, expr), udataTypeofData, data)}
+}
+
+// numgenTypeof is "numgen random mod modulus".
+func numgenTypeof(modulus uint32) typeofExpr {
+	// The numgen's own records: its type, modulus and offset.
+	data := udataU32(udataU32(udataU32(nil, 0, unix.NFT_NG_RANDOM), 1, modulus), 2, 0)
+	return newTypeofExpr(fmt.Sprintf("numgen random mod %d", modulus), nftExprNumgen, data)
+}
+
+// verdictTypeof is the values of a verdict map.
+var verdictTypeof = newTypeofExpr("verdict", nftExprVerdict, nil)
+
+// daddrDportTypeof is "<family> daddr . th dport": an endpoint's address
+// and port, the values of a DNAT map.
+func daddrDportTypeof(family string, addrProto, addrField uint32) typeofExpr {
+	payload := func(proto, field uint32) []byte {
+		return newTypeofExpr("", nftExprPayload, udataU32(udataU32(nil, 0, proto), 1, field)).records
+	}
+	fields := udataNest(udataNest(nil, 0, payload(addrProto, addrField)), 1, payload(nftProtoTH, nftTHDport))
+	return newTypeofExpr(family+" daddr . th dport", nftExprConcat, fields)
+}
+
+var (
+	ipDaddrDport  = daddrDportTypeof("ip", nftProtoIP, nftIPDaddr)
+	ip6DaddrDport = daddrDportTypeof("ip6", nftProtoIP6, nftIP6Daddr)
+)
+
+// typeof returns how nft describes s, a set of numgen keys: the key's
+// expression and the values'. Only the values proxyshift's numgen maps
+// hold are known: verdicts, and an IPv4 or IPv6 address with a port.
+func (s *Set) typeof() (key, values typeofExpr, err error) {
+	key = numgenTypeof(s.NumgenKey)
+	switch {
+	case s.VerdictMap:
+		return key, verdictTypeof, nil
+	case s.DataType == nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService):
+		return key, ipDaddrDport, nil
+	case s.DataType == nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService):
+		return key, ip6DaddrDport, nil
+	}
+	return key, values, fmt.Errorf("nft: set %s: no typeof description of values of type %s", s.Name, s.DataType.Name)
+}
+
+// Typeof is the line `nft list` shows for the key and value types of a
+// set of numgen keys, "numgen random mod 65536 : ip daddr . th dport"
+// (after the word typeof); "" for any other set.
+func (s *Set) Typeof() string {
+	if s.NumgenKey == 0 {
+		return ""
+	}
+	key, values, err := s.typeof()
+	if err != nil {
+		return ""
+	}
+	return key.text + " : " + values.text
+}
+
+// userdata is the user data nft writes for s, a set of numgen keys.
+func (s *Set) userdata() ([]byte, error) {
+	key, values, err := s.typeof()
+	if err != nil {
+		return nil, err
+	}
+	b := udataU32(nil, udataSetKeyByteOrder, nftByteOrderHost)
+	b = udataU32(b, udataSetDataByteOrder, 0)
+	b = udataNest(b, udataSetKeyTypeof, key.records)
+	b = udataNest(b, udataSetDataTypeof, values.records)
+	return udataU32(b, udataSetDataInterval, 0), nil
+}
+
+// udataU32 appends record typ holding v (host byte order, as libnftnl
+// writes numbers in user data).
+func udataU32(b []byte, typ byte, v uint32) []byte {
+	return binary.NativeEndian.AppendUint32(append(b, typ, 4), v)
+}
+
+// udataNest appends record typ holding records.
+func udataNest(b []byte, typ byte, records []byte) []byte {
+	return append(append(b, typ, byte(len(records))), records...)
+}
+
+// setRef names a set of a table.
+type setRef struct {
+	family nftables.TableFamily
+	table  string
+	set    string
+}
+
+// AddSet queues the creation of set s (ID id, unique in the transaction)
+// in table: conn.AddSet, with the user data nft writes when s has numgen
+// keys.
+func (t *Txn) AddSet(table *nftables.Table, s *Set, id uint32) error {
+	k := s.Kernel(table)
+	k.ID = id
+	if s.NumgenKey > 0 {
+		ud, err := s.userdata()
+		if err != nil {
+			return err
+		}
+		if t.setUserdata == nil {
+			t.setUserdata = map[setRef][]byte{}
+		}
+		t.setUserdata[setRef{table.Family, table.Name, s.Name}] = ud
+	}
+	return t.conn.AddSet(k, nil)
+}
+
+// newSet is the header type of a new-set message.
+const newSet = netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSET)
+
+// describeSets gives the new-set messages of batch for the sets of
+// userdata their user data.
+func describeSets(batch []netlink.Message, userdata map[setRef][]byte) {
+	if len(userdata) == 0 {
+		return
+	}
+	for i := range batch {
+		m := &batch[i]
+		if m.Header.Type != newSet || len(m.Data) < 4 {
+			continue
+		}
+		ref := setRef{family: nftables.TableFamily(m.Data[0])}
+		a := newAttrs(m.Data[4:])
+		for a.next() {
+			switch a.typ {
+			case unix.NFTA_SET_TABLE:
+				ref.table = a.str()
+			case unix.NFTA_SET_NAME:
+				ref.set = a.str()
+			}
+		}
+		ud, ok := userdata[ref]
+		if !ok {
+			continue
+		}
+		m.Data = withSetUserdata(m.Data, ud)
+	}
+}
+
+// withSetUserdata is the body of a new-set message (nfgenmsg, then
+// attributes) with its user data attribute replaced by ud.
+func withSetUserdata(body, ud []byte) []byte {
+	out := append(make([]byte, 0, len(body)+unix.NLA_HDRLEN+len(ud)+3), body[:4]...)
+	for rest := body[4:]; len(rest) >= unix.NLA_HDRLEN; {
+		n := min(nlmsgAlign(int(binary.NativeEndian.Uint16(rest))), len(rest))
+		if n < unix.NLA_HDRLEN {
+			break
+		}
+		if binary.NativeEndian.Uint16(rest[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER) != unix.NFTA_SET_USERDATA {
+			out = append(out, rest[:n]...)
+		}
+		rest = rest[n:]
+	}
+	out = binary.NativeEndian.AppendUint16(out, uint16(unix.NLA_HDRLEN+len(ud)))
+	out = binary.NativeEndian.AppendUint16(out, unix.NFTA_SET_USERDATA)
+	out = append(out, ud...)
+	for len(out)%4 != 0 {
+		out = append(out, 0)
+	}
+	return out
+}
