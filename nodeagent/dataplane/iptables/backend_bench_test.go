@@ -135,9 +135,10 @@ func syncedBenchBackend(b *testing.B, v Variant, n int) (*Backend, *model.Snapsh
 	return be, m
 }
 
-// BenchmarkKernelFacts measures the nft variant's kernel facts (gathered
-// every minute) of a node programmed in iptables mode, read as they are
-// (netlink) and with iptables-nft-save, as they were.
+// BenchmarkKernelFacts measures the nft variant's probe (its kernel
+// facts, gathered every minute; detection, at New) of a node programmed
+// in iptables mode, read as it is (netlink) and with iptables-nft-save,
+// as it was.
 func BenchmarkKernelFacts(b *testing.B) {
 	for _, n := range benchSizes {
 		ns, _ := syncedBackend(b, NFT, dt.BenchModel(n))
@@ -146,7 +147,7 @@ func BenchmarkKernelFacts(b *testing.B) {
 			name string
 			read func() VariantFacts
 		}{
-			{"netlink", func() VariantFacts { return nftFacts(ctx, ns.NS()) }},
+			{"netlink", func() VariantFacts { return facts(probeNFT(ctx, ns.NS())) }},
 			{"iptables-nft-save", func() VariantFacts { return facts(probeVariant(ctx, NFT, ns.NS())) }},
 		} {
 			b.Run(fmt.Sprintf("%dk/%s", n/1000, c.name), func(b *testing.B) {
@@ -157,5 +158,22 @@ func BenchmarkKernelFacts(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkDetect measures the detection New runs (both variants, both
+// families) on a node programmed in iptables mode (nft variant), as when
+// the agent restarts there.
+func BenchmarkDetect(b *testing.B) {
+	for _, n := range benchSizes {
+		ns, _ := syncedBackend(b, NFT, dt.BenchModel(n))
+		ctx := context.Background()
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			for b.Loop() {
+				if v, err := Detect(ctx, WithNetNS(ns.NS())); v != NFT || err != nil {
+					b.Fatalf("Detect = %q, %v; want nft", v, err)
+				}
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
@@ -18,11 +19,19 @@ type probe struct {
 	variant Variant
 	// missing names a command of the variant that is not installed.
 	missing string
-	// err is why iptables-save failed for IPv4.
+	// err is why the variant's tools failed for IPv4.
 	err error
-	// saved are the parsed iptables-save outputs of the families whose
-	// save worked.
-	saved []savedTables
+	// hinted says a kubelet hint chain exists in the variant.
+	hinted bool
+	// holds says the variant has any rule, or any chain besides the
+	// built-in ones.
+	holds bool
+	// foreign counts the variant's foreign rules: those not in a
+	// proxyshift chain and not leading into one. It is a function since
+	// counting the nft variant's takes iptables-nft-save (see probeNFT),
+	// which detection needs only when the hint chains are missing and
+	// legacy holds foreign rules.
+	foreign func() int
 }
 
 // available says whether the variant's tools are installed and work.
@@ -36,64 +45,11 @@ func (p *probe) why() string {
 	return p.err.Error()
 }
 
-// hint says whether a kubelet hint chain exists in the variant.
-func (p *probe) hint() bool {
-	for _, tables := range p.saved {
-		for _, t := range tables {
-			for _, c := range t.chains {
-				for _, h := range hintChains {
-					if c == h {
-						return true
-					}
-				}
-			}
-		}
-	}
-	return false
-}
-
-// rules counts the variant's rules; foreign ones only (not in a
-// proxyshift chain, not leading into one) if foreign is set.
-func (p *probe) rules(foreign bool) int {
-	n := 0
-	for _, tables := range p.saved {
-		for _, t := range tables {
-			for c, specs := range t.rules {
-				if !foreign {
-					n += len(specs)
-					continue
-				}
-				if owned(c) {
-					continue
-				}
-				for _, s := range specs {
-					if !owned(target(s)) {
-						n++
-					}
-				}
-			}
-		}
-	}
-	return n
-}
-
-// holds says whether the variant has any rule, or any chain besides the
-// built-in ones.
-func (p *probe) holds() bool {
-	for _, tables := range p.saved {
-		for _, t := range tables {
-			if len(t.rules) > 0 || len(t.chains) > len(t.builtin) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // summarize builds the probe of variant v from its iptables-save outputs
 // (IPv4 first; nil for a family whose save failed).
 func summarize(v Variant, outputs ...[]byte) (*probe, error) {
 	p := &probe{variant: v}
+	foreign := 0
 	for _, out := range outputs {
 		if out == nil {
 			continue
@@ -102,9 +58,31 @@ func summarize(v Variant, outputs ...[]byte) (*probe, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.saved = append(p.saved, tables)
+		for _, t := range tables {
+			p.hinted = p.hinted || slices.ContainsFunc(t.chains, func(c string) bool { return slices.Contains(hintChains, c) })
+			p.holds = p.holds || len(t.rules) > 0 || len(t.chains) > len(t.builtin)
+			foreign += foreignRules(t)
+		}
 	}
+	p.foreign = func() int { return foreign }
 	return p, nil
+}
+
+// foreignRules counts the rules of t that are not in a proxyshift chain
+// and do not lead into one.
+func foreignRules(t *savedTable) int {
+	n := 0
+	for c, specs := range t.rules {
+		if owned(c) {
+			continue
+		}
+		for _, s := range specs {
+			if !owned(target(s)) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // probeVariant runs the variant's iptables-save for both families.
@@ -126,6 +104,58 @@ func probeVariant(ctx context.Context, v Variant, netns nsexec.NS) *probe {
 	return p
 }
 
+// probeNFT is probeVariant of the nft variant without iptables-nft-save,
+// which prints every rule: at 10 000 services in iptables mode (or under
+// kube-proxy's iptables mode, when a node is taken from it) that is
+// hundreds of thousands of rules, seconds of CPU and a hundred MB or more
+// in the child, only to learn whether two chains exist. The tools work
+// when they list one built-in chain (which creates nothing); the hint
+// chains are looked up by name and what the tables hold is read from use
+// counts over netlink (nftHoldsRules). Only the count of foreign rules
+// still takes the save, and only if detection gets that far.
+func probeNFT(ctx context.Context, netns nsexec.NS) *probe {
+	r := runner{variant: NFT, netns: netns}
+	p := &probe{variant: NFT}
+	if ok, missing := r.installed(); !ok {
+		p.missing = missing
+		return p
+	}
+	if _, p.err = r.run(ctx, ipv4.tool+"-nft", "-t", tableFilter, "-S", "INPUT"); p.err != nil {
+		return p
+	}
+	if p.hinted, p.err = nftHinted(netns); p.err != nil {
+		return p
+	}
+	if p.holds, p.err = nftHoldsRules(netns); p.err != nil {
+		return p
+	}
+	p.foreign = func() int {
+		if !p.holds {
+			return 0
+		}
+		full := probeVariant(ctx, NFT, netns)
+		if !full.available() {
+			return 0
+		}
+		return full.foreign()
+	}
+	return p
+}
+
+// nftHinted says whether a kubelet hint chain exists in the mangle table
+// of either family of the nft variant.
+func nftHinted(netns nsexec.NS) (bool, error) {
+	for _, f := range families {
+		for _, name := range hintChains {
+			found, err := nft.ChainExists(netns, f.nft, tableMangle, name)
+			if err != nil || found {
+				return found, err
+			}
+		}
+	}
+	return false, nil
+}
+
 // choose decides which variant the host uses, the way kube-proxy's
 // iptables-wrappers do: a variant that is not available is out; else the
 // one holding kubelet's hint chain; else the one with more rules, nft on
@@ -140,25 +170,27 @@ func choose(legacy, nft *probe) (Variant, error) {
 		return NFT, nil
 	case !nft.available():
 		return Legacy, nil
-	case nft.hint():
+	case nft.hinted:
 		return NFT, nil
-	case legacy.hint():
+	case legacy.hinted:
 		return Legacy, nil
-	case legacy.rules(true) > nft.rules(true):
+	}
+	// Counts are never negative: legacy can only win with rules.
+	if n := legacy.foreign(); n > 0 && n > nft.foreign() {
 		return Legacy, nil
 	}
 	return NFT, nil
 }
 
 // Detect returns the iptables variant the host (or the network namespace
-// WithNetNS names) uses. It only reads: iptables-save of both variants
-// and both families.
+// WithNetNS names) uses. It only reads: iptables-legacy-save of both
+// families, and the nft variant as probeNFT does.
 func Detect(ctx context.Context, opts ...Option) (Variant, error) {
 	return detect(ctx, newOptions(opts).netns)
 }
 
 func detect(ctx context.Context, netns nsexec.NS) (Variant, error) {
-	return choose(probeVariant(ctx, Legacy, netns), probeVariant(ctx, NFT, netns))
+	return choose(probeVariant(ctx, Legacy, netns), probeNFT(ctx, netns))
 }
 
 // VariantFacts is what KernelFacts found of one variant.
@@ -181,27 +213,7 @@ type VariantFacts struct {
 // kube-proxy's in legacy after the host moved to nft, show up.
 func KernelFacts(ctx context.Context, opts ...Option) []VariantFacts {
 	netns := newOptions(opts).netns
-	return []VariantFacts{facts(probeVariant(ctx, Legacy, netns)), nftFacts(ctx, netns)}
-}
-
-// nftFacts is what KernelFacts finds of the nft variant without
-// iptables-save: the facts are gathered every minute, and in iptables
-// mode at 10 000 services iptables-nft-save took about 1.9 s of CPU and
-// 97 MB to print 120 000 rules only their existence was asked of. The
-// tools work when they list one built-in chain (which creates nothing);
-// what the tables hold is read over netlink (nftHoldsRules).
-func nftFacts(ctx context.Context, netns nsexec.NS) VariantFacts {
-	r := runner{variant: NFT, netns: netns}
-	f := VariantFacts{Variant: NFT}
-	if f.Installed, _ = r.installed(); !f.Installed {
-		return f
-	}
-	if _, err := r.run(ctx, ipv4.tool+"-nft", "-t", tableFilter, "-S", "INPUT"); err != nil {
-		f.Err = err
-		return f
-	}
-	f.HoldsRules, f.Err = nftHoldsRules(netns)
-	return f
+	return []VariantFacts{facts(probeVariant(ctx, Legacy, netns)), facts(probeNFT(ctx, netns))}
 }
 
 // xtablesTables are the tables iptables keeps its rules in (the only
@@ -253,7 +265,7 @@ func nftHoldsRules(netns nsexec.NS) (bool, error) {
 func facts(p *probe) VariantFacts {
 	f := VariantFacts{Variant: p.variant, Installed: p.missing == "", Err: p.err}
 	if p.available() {
-		f.HoldsRules = p.holds()
+		f.HoldsRules = p.holds
 	}
 	return f
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"slices"
 	"testing"
+
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
 )
 
 func TestKernelDetect(t *testing.T) {
@@ -35,6 +38,43 @@ func TestKernelDetect(t *testing.T) {
 	}
 }
 
+// TestKernelDetectCountsRules: without a hint chain the variant with
+// more foreign rules is the host's, proxyshift's own not counted; a hint
+// chain decides over any count. The nft variant's count takes
+// iptables-nft-save, which detection runs only once legacy holds foreign
+// rules; its hint chains are looked up over netlink.
+func TestKernelDetectCountsRules(t *testing.T) {
+	ns := kernelNS(t, Legacy)
+	if ok, missing := (runner{variant: NFT}).installed(); !ok {
+		t.Skipf("needs %s", missing)
+	}
+	ctx := context.Background()
+	detect := func(when string, want Variant) {
+		t.Helper()
+		if v, err := Detect(ctx, WithNetNS(ns.NS())); err != nil || v != want {
+			t.Errorf("%s: Detect = %q, %v; want %s", when, v, err, want)
+		}
+	}
+	// proxyshift's own rules in nft, as on a node in iptables mode.
+	b := newKernelBackend(t, ns, NFT)
+	if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: dt.BenchModel(20), Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	detect("proxyshift's rules in nft", NFT)
+	for range 2 {
+		ipt(t, ns, Legacy, false, "", "", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
+	}
+	detect("two foreign rules in legacy, proxyshift's in nft", Legacy)
+	for range 2 {
+		ipt(t, ns, NFT, true, "", "", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
+	}
+	detect("two foreign rules in each", NFT)
+	ipt(t, ns, Legacy, false, "", "", "-t", "nat", "-A", "OUTPUT", "-j", "ACCEPT")
+	detect("three foreign rules in legacy, two in nft", Legacy)
+	ipt(t, ns, NFT, true, "", "", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+	detect("kubelet's hint in nft (IPv6), more rules in legacy", NFT)
+}
+
 // The nft variant's facts come from use counts over netlink, not from
 // iptables-nft-save: they must say what the save says, step by step, as
 // the tables gain and lose rules and chains in either family.
@@ -60,10 +100,10 @@ func TestKernelFactsOfTheNFTVariant(t *testing.T) {
 		if len(step.args) > 0 {
 			ipt(t, ns, NFT, step.ip6, "", "", step.args...)
 		}
-		got := nftFacts(ctx, ns.NS())
+		got := facts(probeNFT(ctx, ns.NS()))
 		want := VariantFacts{Variant: NFT, Installed: true, HoldsRules: step.holds}
 		if got != want {
-			t.Errorf("%s: nftFacts = %+v, want %+v", step.name, got, want)
+			t.Errorf("%s: facts(probeNFT) = %+v, want %+v", step.name, got, want)
 		}
 		if saved := facts(probeVariant(ctx, NFT, ns.NS())); saved != want {
 			t.Errorf("%s: iptables-nft-save says %+v; the step expects %+v", step.name, saved, want)

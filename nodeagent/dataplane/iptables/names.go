@@ -44,6 +44,7 @@ const targetDNAT = "DNAT"
 const (
 	tableNAT    = "nat"
 	tableFilter = "filter"
+	tableMangle = "mangle"
 )
 
 // Per-service-port chain names. All chains of one service port start
