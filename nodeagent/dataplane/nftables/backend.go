@@ -444,6 +444,9 @@ func (b *Backend) list(ctx context.Context, f *family) (*kernelTable, error) {
 			kt.sets[s.Name] = s
 		}
 	}
+	if kt.userdata, err = nft.SetUserdata(b.netns, f.Table, TableName); err != nil {
+		return nil, err
+	}
 	return kt, nil
 }
 

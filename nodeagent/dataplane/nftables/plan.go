@@ -103,6 +103,8 @@ func (o op) String() string {
 type kernelTable struct {
 	chains map[string]*nftables.Chain
 	sets   map[string]*nftables.Set
+	// userdata is the sets' user data (see nft.Set.HasUserdata).
+	userdata map[string][]byte
 }
 
 // fullPlan rewrites the whole table from rs, in place: existing chains
@@ -129,7 +131,7 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 	for _, name := range slices.Sorted(maps.Keys(kt.sets)) {
 		s := sets[name]
 		switch {
-		case s == nil || !s.sameDefinition(kt.sets[name]):
+		case s == nil || !s.sameDefinition(kt.sets[name]) || !s.hasUserdata(kt.userdata[name]):
 			ops = append(ops, op{kind: opDelSet, name: name, set: s})
 		case s.dynamic():
 			keep[name] = true

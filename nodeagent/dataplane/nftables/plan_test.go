@@ -343,6 +343,35 @@ func TestFullPlanInPlace(t *testing.T) {
 		t.Errorf("stale %v", stale)
 	}
 
+	// The endpoint choice map (numgen keys) was made without nft's
+	// description of it (an agent before typeof): the plan makes it
+	// anew. With the description, it is flushed and kept.
+	var vmap string
+	for _, s := range rs.objects().sets {
+		if s.numgenKey > 0 {
+			vmap = s.name
+		}
+	}
+	if vmap == "" {
+		t.Fatal("no map of numgen keys in the affinity service's objects")
+	}
+	for _, want := range []string{"delete map " + vmap, "add map " + vmap} {
+		if !has(want) {
+			t.Errorf("full plan over a map without nft's description lacks %q", want)
+		}
+	}
+	def := rs.objects().sets[vmap].def()
+	ud, err := def.Userdata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kt.userdata = map[string][]byte{vmap: ud}
+	ops, _ = fullPlan(rs, kt)
+	got = opStrings(ops)
+	if !slices.Contains(got, "flush map "+vmap) || slices.Contains(got, "delete map "+vmap) {
+		t.Errorf("full plan over a map with nft's description: want it flushed, not deleted: %v", got)
+	}
+
 	// Without a table, the plan creates everything.
 	ops, stale = fullPlan(rs, nil)
 	if len(stale) != 0 || ops[0].kind != opAddTable {

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
@@ -36,6 +37,42 @@ func TestListingLoadsBack(t *testing.T) {
 			}
 			mustSync(t, next, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
 			nfttest.Equal(t, "taken over", nfttest.List(t, other.NS(), family, TableName), next.state[familyOf(sc.Family)].rs.String())
+		})
+	}
+}
+
+// TestFullSyncDescribesOldMaps: a map of numgen keys that does not carry
+// nft's description of it (made by an agent before it wrote one, listed
+// as "type 0"; here one that says its keys are marks) is made anew by
+// the next full sync, so the listing of an upgraded node loads back too.
+func TestFullSyncDescribesOldMaps(t *testing.T) {
+	for _, sc := range dt.Scenarios() {
+		if sc.Name != "clusterip" && sc.Name != "affinity" {
+			continue
+		}
+		t.Run(sc.Name, func(t *testing.T) {
+			ns, _ := kernelNS(t)
+			b, err := New(sc.Config, WithNetNS(ns.NS()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+			family := familyOf(sc.Family).Name
+			listed := nfttest.List(t, ns.NS(), family, TableName)
+			old := strings.ReplaceAll(listed, "typeof numgen random mod 65536 :", "typeof numgen random mod 4096 :")
+			if old == listed {
+				t.Fatal("the listing has no map of numgen keys")
+			}
+			other := netlab.NewNetNS(t, "nftold")
+			if out, err := other.NS().Output(context.Background(), []byte(old), "nft", "-f", "-"); err != nil {
+				t.Fatalf("nft -f: %v\n%s", err, out)
+			}
+			next, err := New(sc.Config, WithNetNS(other.NS()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustSync(t, next, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+			nfttest.Equal(t, "after a full sync", nfttest.List(t, other.NS(), family, TableName), next.state[familyOf(sc.Family)].rs.String())
 		})
 	}
 }

@@ -220,6 +220,14 @@ func (s *set) sameDefinition(k *nftables.Set) bool {
 	return k.KeyType.Bytes == s.keyType.Bytes
 }
 
+// hasUserdata says whether a set found in the kernel with user data ud
+// carries what a set made for s would (nft.Set.HasUserdata): a full sync
+// creates anew the maps an earlier agent made without nft's description.
+func (s *set) hasUserdata(ud []byte) bool {
+	d := s.def()
+	return d.HasUserdata(ud)
+}
+
 // kernelDataMap says whether a set the kernel listed is a data map: the
 // library names the data type of a data map, not of a verdict map.
 func kernelDataMap(k *nftables.Set) bool {

@@ -1,12 +1,15 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // A set whose keys are numgen results (an endpoint map, an affinity
@@ -120,8 +123,9 @@ func (s *Set) Typeof() string {
 	return key.text + " : " + values.text
 }
 
-// userdata is the user data nft writes for s, a set of numgen keys.
-func (s *Set) userdata() ([]byte, error) {
+// Userdata is the user data nft writes for s, a set of numgen keys, and
+// Txn.AddSet gives it.
+func (s *Set) Userdata() ([]byte, error) {
 	key, values, err := s.typeof()
 	if err != nil {
 		return nil, err
@@ -158,7 +162,7 @@ func (t *Txn) AddSet(table *nftables.Table, s *Set, id uint32) error {
 	k := s.Kernel(table)
 	k.ID = id
 	if s.NumgenKey > 0 {
-		ud, err := s.userdata()
+		ud, err := s.Userdata()
 		if err != nil {
 			return err
 		}
@@ -223,4 +227,43 @@ func withSetUserdata(body, ud []byte) []byte {
 		out = append(out, 0)
 	}
 	return out
+}
+
+// SetUserdata returns the user data of every named set of table (family
+// fam) in network namespace netns, by set name; sets without any are
+// absent. google/nftables does not read it.
+func SetUserdata(netns nsexec.NS, fam nftables.TableFamily, table string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := dump(netns, fam, unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, table, func(a *attrs) {
+		var name string
+		var ud []byte
+		for a.next() {
+			switch a.typ {
+			case unix.NFTA_SET_NAME:
+				name = a.str()
+			case unix.NFTA_SET_USERDATA:
+				ud = bytes.Clone(a.val)
+			}
+		}
+		if ud != nil {
+			out[name] = ud
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the sets of %s: %w", table, err)
+	}
+	return out, nil
+}
+
+// HasUserdata says whether ud, a set's user data in the kernel, is what
+// Txn.AddSet gives s: for a set of numgen keys, nft's description of it;
+// for any other set, whatever google/nftables wrote. A map of numgen keys
+// created before proxyshift wrote the description (nft lists it as "type
+// 0") is not, and is best created anew.
+func (s *Set) HasUserdata(ud []byte) bool {
+	if s.NumgenKey == 0 {
+		return true
+	}
+	want, err := s.Userdata()
+	return err == nil && bytes.Equal(ud, want)
 }

@@ -39,7 +39,7 @@ func TestSetUserdataIsNFTs(t *testing.T) {
 		set:  Set{Name: "m", NumgenKey: 65536, VerdictMap: true},
 		want: head + "0408 000401000000 0100" + tail,
 	}} {
-		got, err := tc.set.userdata()
+		got, err := tc.set.Userdata()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestSetUserdataIsNFTs(t *testing.T) {
 			t.Errorf("listed as %q, nft lists %q", text, tc.decl)
 		}
 	}
-	if _, err := (&Set{Name: "m", NumgenKey: 8, DataType: nftables.TypeIPAddr}).userdata(); err == nil {
+	if _, err := (&Set{Name: "m", NumgenKey: 8, DataType: nftables.TypeIPAddr}).Userdata(); err == nil {
 		t.Error("a map of numgen keys to addresses got user data; want an error (nft's description of it is not known)")
 	}
 }
