@@ -22,17 +22,12 @@ import (
 func TestKernelHoldsTheGoldenTables(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			ns, _ := kernelNS(t)
-			b, err := New(sc.Config, WithNetNS(ns.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+			listed := programScenario(t, sc)
 			golden, err := os.ReadFile(filepath.Join("testdata", sc.Name+".golden"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			nfttest.Equal(t, sc.Name, nfttest.List(t, ns.NS(), familyOf(sc.Family).Name, TableName), string(golden))
+			nfttest.Equal(t, sc.Name, listed, string(golden))
 		})
 	}
 }

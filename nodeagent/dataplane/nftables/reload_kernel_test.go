@@ -18,32 +18,17 @@ import (
 func TestListingLoadsBack(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			ns, _ := kernelNS(t)
-			b, err := New(sc.Config, WithNetNS(ns.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
-			family := familyOf(sc.Family).Name
-			listed := nfttest.List(t, ns.NS(), family, TableName)
-			other := netlab.NewNetNS(t, "nftload")
-			if out, err := other.NS().Output(context.Background(), []byte(listed), "nft", "-f", "-"); err != nil {
-				t.Fatalf("nft -f of the listing: %v\n%s", err, out)
-			}
-			nfttest.Equal(t, "loaded back", nfttest.List(t, other.NS(), family, TableName), listed)
-			next, err := New(sc.Config, WithNetNS(other.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustSync(t, next, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
-			nfttest.Equal(t, "taken over", nfttest.List(t, other.NS(), family, TableName), next.state[familyOf(sc.Family)].rs.String())
+			listed := programScenario(t, sc)
+			other := loadListing(t, listed)
+			nfttest.Equal(t, "loaded back", nfttest.List(t, other.NS(), familyOf(sc.Family).Name, TableName), listed)
+			checkTakenOver(t, sc, other)
 		})
 	}
 }
 
 // TestFullSyncDescribesOldMaps: a map of numgen keys that does not carry
 // nft's description of it (made by an agent before it wrote one, listed
-// as "type 0"; here one that says its keys are marks) is made anew by
+// as "type 0"; here one that describes another modulus) is made anew by
 // the next full sync, so the listing of an upgraded node loads back too.
 func TestFullSyncDescribesOldMaps(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
@@ -51,28 +36,49 @@ func TestFullSyncDescribesOldMaps(t *testing.T) {
 			continue
 		}
 		t.Run(sc.Name, func(t *testing.T) {
-			ns, _ := kernelNS(t)
-			b, err := New(sc.Config, WithNetNS(ns.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
-			family := familyOf(sc.Family).Name
-			listed := nfttest.List(t, ns.NS(), family, TableName)
+			listed := programScenario(t, sc)
 			old := strings.ReplaceAll(listed, "typeof numgen random mod 65536 :", "typeof numgen random mod 4096 :")
 			if old == listed {
 				t.Fatal("the listing has no map of numgen keys")
 			}
-			other := netlab.NewNetNS(t, "nftold")
-			if out, err := other.NS().Output(context.Background(), []byte(old), "nft", "-f", "-"); err != nil {
-				t.Fatalf("nft -f: %v\n%s", err, out)
-			}
-			next, err := New(sc.Config, WithNetNS(other.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustSync(t, next, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
-			nfttest.Equal(t, "after a full sync", nfttest.List(t, other.NS(), family, TableName), next.state[familyOf(sc.Family)].rs.String())
+			checkTakenOver(t, sc, loadListing(t, old))
 		})
 	}
+}
+
+// programScenario programs scenario sc's table into a namespace of its
+// own and returns nft's listing of it.
+func programScenario(t *testing.T, sc dt.Scenario) string {
+	t.Helper()
+	ns, _ := kernelNS(t)
+	b, err := New(sc.Config, WithNetNS(ns.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+	return nfttest.List(t, ns.NS(), familyOf(sc.Family).Name, TableName)
+}
+
+// loadListing loads a listing with `nft -f` into a new namespace.
+func loadListing(t *testing.T, listing string) *netlab.NetNS {
+	t.Helper()
+	ns := netlab.NewNetNS(t, "nftload")
+	if out, err := ns.NS().Output(context.Background(), []byte(listing), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f of the listing: %v\n%s", err, out)
+	}
+	return ns
+}
+
+// checkTakenOver starts a backend in ns, as an agent starting on a node
+// whose table was loaded with nft -f, and checks that its first (full)
+// sync leaves the kernel holding its dump.
+func checkTakenOver(t *testing.T, sc dt.Scenario, ns *netlab.NetNS) {
+	t.Helper()
+	b, err := New(sc.Config, WithNetNS(ns.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
+	f := familyOf(sc.Family)
+	nfttest.Equal(t, "taken over", nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
 }

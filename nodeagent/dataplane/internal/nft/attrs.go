@@ -75,3 +75,15 @@ func (a *attrs) be32() uint32 {
 	}
 	return binary.BigEndian.Uint32(a.val)
 }
+
+// appendAttr appends a netlink attribute of type typ holding val to b,
+// padded to 4 bytes.
+func appendAttr(b []byte, typ uint16, val []byte) []byte {
+	b = binary.NativeEndian.AppendUint16(b, uint16(unix.NLA_HDRLEN+len(val)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, val...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}

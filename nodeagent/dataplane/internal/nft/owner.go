@@ -2,7 +2,6 @@ package nft
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -72,14 +71,7 @@ func markTables(batch []netlink.Message) {
 		for len(d)%4 != 0 {
 			d = append(d, 0)
 		}
-		attr := make([]byte, 4, 4+len(ownerUserdata)+3)
-		binary.NativeEndian.PutUint16(attr, uint16(4+len(ownerUserdata)))
-		binary.NativeEndian.PutUint16(attr[2:], nftaTableUserdata)
-		attr = append(attr, ownerUserdata...)
-		for len(attr)%4 != 0 {
-			attr = append(attr, 0)
-		}
-		batch[i].Data = append(d, attr...)
+		batch[i].Data = appendAttr(d, nftaTableUserdata, ownerUserdata)
 	}
 }
 

@@ -220,13 +220,7 @@ func withSetUserdata(body, ud []byte) []byte {
 		}
 		rest = rest[n:]
 	}
-	out = binary.NativeEndian.AppendUint16(out, uint16(unix.NLA_HDRLEN+len(ud)))
-	out = binary.NativeEndian.AppendUint16(out, unix.NFTA_SET_USERDATA)
-	out = append(out, ud...)
-	for len(out)%4 != 0 {
-		out = append(out, 0)
-	}
-	return out
+	return appendAttr(out, unix.NFTA_SET_USERDATA, ud)
 }
 
 // SetUserdata returns the user data of every named set of table (family

@@ -62,24 +62,15 @@ func TestSetUserdataIsNFTs(t *testing.T) {
 // TestWithSetUserdata replaces a new-set message's user data and keeps
 // its other attributes as they were.
 func TestWithSetUserdata(t *testing.T) {
-	attr := func(typ uint16, val string) []byte {
-		b := binary.NativeEndian.AppendUint16(nil, uint16(unix.NLA_HDRLEN+len(val)))
-		b = binary.NativeEndian.AppendUint16(b, typ)
-		b = append(b, val...)
-		for len(b)%4 != 0 {
-			b = append(b, 0)
-		}
-		return b
-	}
 	nfgen := []byte{unix.NFPROTO_IPV4, 0, 0, 0}
 	join := func(parts ...[]byte) []byte { return bytes.Join(append([][]byte{nfgen}, parts...), nil) }
-	table, name, id := attr(unix.NFTA_SET_TABLE, "proxyshift\x00"), attr(unix.NFTA_SET_NAME, "m\x00"), attr(unix.NFTA_SET_ID, "\x00\x00\x00\x01")
+	table, name, id := attr(unix.NFTA_SET_TABLE, []byte("proxyshift\x00")), attr(unix.NFTA_SET_NAME, []byte("m\x00")), attr(unix.NFTA_SET_ID, []byte{0, 0, 0, 1})
 	for _, body := range [][]byte{
-		join(table, name, attr(unix.NFTA_SET_USERDATA, "\x00\x04\x02\x00\x00\x00"), id),
+		join(table, name, attr(unix.NFTA_SET_USERDATA, []byte{0, 4, 2, 0, 0, 0}), id),
 		join(table, name, id),
 	} {
 		got := withSetUserdata(body, []byte("new"))
-		if want := join(table, name, id, attr(unix.NFTA_SET_USERDATA, "new")); !bytes.Equal(got, want) {
+		if want := join(table, name, id, attr(unix.NFTA_SET_USERDATA, []byte("new"))); !bytes.Equal(got, want) {
 			t.Errorf("withSetUserdata(%x)\n= %x, want\n  %x", body, got, want)
 		}
 	}
