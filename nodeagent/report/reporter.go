@@ -64,6 +64,14 @@ type Reporter struct {
 	// sync's time and duration changed.
 	SyncEvery time.Duration
 
+	// writing, a token, serializes writes (Run's and Flush's): a write
+	// reads what the last one wrote, so the same status is not sent twice
+	// (Flush's and the write SetSwitch signals to Run), and an older
+	// status never lands after a newer one. A write waits for the token
+	// within its context only: an unreachable API server does not hold a
+	// Flush past its bound.
+	writing chan struct{}
+
 	mu      sync.Mutex
 	sw      Switch
 	sync    *Sync
@@ -78,7 +86,7 @@ type Reporter struct {
 // New returns a Reporter for node. c may be nil: then nothing is written
 // (a standalone agent).
 func New(c *Client, node string) *Reporter {
-	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1)}
+	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1), writing: make(chan struct{}, 1)}
 }
 
 // Seed starts the Reporter from the status pn has (nil: none), so
@@ -320,6 +328,12 @@ func (r *Reporter) Flush(ctx context.Context) error {
 // Only the last sync's time and duration changing is written at most every
 // SyncEvery, unless force.
 func (r *Reporter) write(ctx context.Context, force bool) error {
+	select {
+	case r.writing <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-r.writing }()
 	r.mu.Lock()
 	st := r.build()
 	written := r.written
