@@ -54,6 +54,43 @@ func TestTreeRSSCountsDescendants(t *testing.T) {
 	}
 }
 
+// A descendant running the program's own executable (a child between
+// its start and its exec, which shares the program's memory) is not
+// counted a second time.
+func TestTreeRSSLeavesOutCopiesOfTheProgram(t *testing.T) {
+	if os.Getenv("PROXYSHIFT_TREE_TEST_CHILD") != "" {
+		time.Sleep(30 * time.Second)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTreeRSSLeavesOutCopiesOfTheProgram$")
+	cmd.Env = append(os.Environ(), "PROXYSHIFT_TREE_TEST_CHILD=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	self := os.Getpid()
+	// Wait for the child's runtime to be up: a few MB, against which
+	// the program's own resident set moving between reads is small.
+	var child int64
+	for deadline := time.Now().Add(5 * time.Second); child < 2<<20 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		child, _ = residentBytes(cmd.Process.Pid)
+	}
+	if child < 2<<20 {
+		t.Fatalf("the child's resident set stayed at %d bytes", child)
+	}
+	own, err := residentBytes(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := treeRSS(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree >= own+child/2 {
+		t.Errorf("tree %d bytes: the copy of the program (%d) was counted beside the program (%d)", tree, child, own)
+	}
+}
+
 // The RSS chart leaves out a program that gave up: its figure is only a
 // lower bound.
 func TestRSSChartLeavesOutWhatGaveUp(t *testing.T) {
