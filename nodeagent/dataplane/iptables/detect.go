@@ -142,14 +142,17 @@ func probeNFT(ctx context.Context, netns nsexec.NS) *probe {
 	return p
 }
 
-// nftHinted says whether a kubelet hint chain exists in the mangle table
-// of either family of the nft variant.
+// nftHinted says whether a kubelet hint chain exists in any iptables
+// table of either family of the nft variant (as summarize finds them in
+// a save): each looked up by name.
 func nftHinted(netns nsexec.NS) (bool, error) {
 	for _, f := range families {
-		for _, name := range hintChains {
-			found, err := nft.ChainExists(netns, f.nft, tableMangle, name)
-			if err != nil || found {
-				return found, err
+		for _, table := range xtablesTables {
+			for _, name := range hintChains {
+				found, err := nft.ChainExists(netns, f.nft, table, name)
+				if err != nil || found {
+					return found, err
+				}
 			}
 		}
 	}

@@ -40,7 +40,7 @@ func TestKernelDetect(t *testing.T) {
 
 // TestKernelDetectCountsRules: without a hint chain the variant with
 // more foreign rules is the host's, proxyshift's own not counted; a hint
-// chain decides over any count. The nft variant's count takes
+// chain, in any table, decides over any count. The nft variant's count takes
 // iptables-nft-save, which detection runs only once legacy holds foreign
 // rules; its hint chains are looked up over netlink.
 func TestKernelDetectCountsRules(t *testing.T) {
@@ -71,8 +71,8 @@ func TestKernelDetectCountsRules(t *testing.T) {
 	detect("two foreign rules in each", NFT)
 	ipt(t, ns, Legacy, false, "", "", "-t", "nat", "-A", "OUTPUT", "-j", "ACCEPT")
 	detect("three foreign rules in legacy, two in nft", Legacy)
-	ipt(t, ns, NFT, true, "", "", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
-	detect("kubelet's hint in nft (IPv6), more rules in legacy", NFT)
+	ipt(t, ns, NFT, true, "", "", "-t", "nat", "-N", "KUBE-KUBELET-CANARY")
+	detect("kubelet's canary in nft (IPv6 nat), more rules in legacy", NFT)
 }
 
 // The nft variant's facts come from use counts over netlink, not from

@@ -44,7 +44,6 @@ const targetDNAT = "DNAT"
 const (
 	tableNAT    = "nat"
 	tableFilter = "filter"
-	tableMangle = "mangle"
 )
 
 // Per-service-port chain names. All chains of one service port start
