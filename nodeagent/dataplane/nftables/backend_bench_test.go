@@ -127,6 +127,7 @@ func benchmarkReplaceServiceRule(b *testing.B, n int) {
 	}
 }
 
+func BenchmarkReplaceServiceRule1k(b *testing.B)  { benchmarkReplaceServiceRule(b, 1000) }
 func BenchmarkReplaceServiceRule10k(b *testing.B) { benchmarkReplaceServiceRule(b, 10000) }
 
 func BenchmarkProgrammed10k(b *testing.B) { benchmarkProgrammed(b, 10000) }
