@@ -261,7 +261,7 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 	if len(changes) == 0 {
 		return nil
 	}
-	ops, stale := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
+	ops, stale := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
 	if err := b.commit(f, ops); err != nil {
 		return err
 	}
@@ -270,11 +270,11 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 			ch.new.written()
 		}
 	}
-	st.counts.Rules -= len(st.rs.hairpin)
+	st.counts.Rules -= st.rs.counted.len()
 	for _, ch := range changes {
 		if ch.old != nil {
 			st.claims.release(ch.name, ch.old)
-			st.rs.hairpin.add(ch.old.hairpin, -1)
+			st.rs.counted.add(ch.old, -1)
 			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
 			st.counts = st.counts.Minus(ch.old.counts())
 		}
@@ -287,11 +287,11 @@ func (b *Backend) incremental(f *family, st *familyState, ports map[model.Servic
 		st.claims.claim(ch.name, ch.new)
 		st.rs.ports[ch.name] = ch.new
 		st.rs.nextID = max(st.rs.nextID, ch.new.id+1)
-		st.rs.hairpin.add(ch.new.hairpin, 1)
+		st.rs.counted.add(ch.new, 1)
 		st.rs.endpointMaps.addEndpointMap(ch.new, 1)
 		st.counts = st.counts.Plus(ch.new.counts())
 	}
-	st.counts.Rules += len(st.rs.hairpin)
+	st.counts.Rules += st.rs.counted.len()
 	st.rs.contested = st.rs.contested || slices.ContainsFunc(changes, func(ch portChange) bool { return ch.lostKey })
 	// A chain flushed by an earlier sync may be wanted again: it exists,
 	// empty, and this sync has refilled it.
@@ -612,7 +612,7 @@ func (b *Backend) Cleanup(ctx context.Context) ([]string, error) {
 // sharedMaps are the maps whose elements belong to service ports.
 var sharedMaps = map[string]bool{
 	mapServiceIPs: true, mapServiceNodePorts: true, mapNoEndpointServices: true,
-	mapNoEndpointNodePorts: true, mapFirewallIPs: true, setClusterIPPorts: true,
+	mapNoEndpointNodePorts: true, mapFirewallIPs: true,
 }
 
 // counts are the sizes of a ruleset, as Programmed reads them back.
@@ -624,14 +624,14 @@ func (rs *ruleset) counts() dataplane.Counts {
 	for _, s := range rs.sets {
 		c.Rules += len(s.elems)
 	}
-	c.Rules += len(rs.hairpin)
+	c.Rules += rs.counted.len()
 	for _, objs := range rs.ports {
 		c = c.Plus(objs.counts())
 	}
 	return c
 }
 
-// counts are one port's share of its ruleset's counts (the hairpin set
+// counts are one port's share of its ruleset's counts (the counted sets
 // aside, whose elements ports share).
 func (objs *portObjects) counts() dataplane.Counts {
 	var c dataplane.Counts

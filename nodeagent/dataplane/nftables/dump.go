@@ -65,9 +65,9 @@ func withEndpointElems(pieces [][]element, ports []*portObjects) [][]element {
 
 // objects gathers what rs puts in the kernel. The ports' pieces come in
 // no particular order (the kernel needs none, String sorts, and a resync
-// that runs every 30 s need not sort 10 000 names). The hairpin set's
-// elements are one piece, each once: ports with an endpoint in common
-// hold the same element.
+// that runs every 30 s need not sort 10 000 names). Each counted set's
+// elements are one piece, each once: ports with an endpoint (or a
+// service) in common hold the same element.
 func (rs *ruleset) objects() wanted {
 	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}, endpoints: map[string][]*portObjects{}}
 	add := func(s *set) {
@@ -82,8 +82,11 @@ func (rs *ruleset) objects() wanted {
 	for _, s := range rs.sets {
 		add(s)
 	}
-	var hairpin []element
-	hairpinSeen := map[string]bool{}
+	counted := map[string][]element{}
+	seen := map[string]map[string]bool{}
+	for _, name := range countedSets {
+		seen[name] = map[string]bool{}
+	}
 	for _, objs := range rs.ports {
 		for _, c := range objs.chains {
 			w.chains[c.Name] = c
@@ -94,10 +97,12 @@ func (rs *ruleset) objects() wanted {
 		for _, sh := range objs.shared {
 			w.elems[sh.set] = append(w.elems[sh.set], sh.elems)
 		}
-		for _, e := range objs.hairpin {
-			if !hairpinSeen[e.keyText()] {
-				hairpinSeen[e.keyText()] = true
-				hairpin = append(hairpin, e)
+		for _, sh := range objs.counted {
+			for _, e := range sh.elems {
+				if !seen[sh.set][e.keyText()] {
+					seen[sh.set][e.keyText()] = true
+					counted[sh.set] = append(counted[sh.set], e)
+				}
 			}
 		}
 		if m := objs.endpointMap; m != nil {
@@ -107,8 +112,8 @@ func (rs *ruleset) objects() wanted {
 			w.endpoints[m.name] = append(w.endpoints[m.name], objs)
 		}
 	}
-	if len(hairpin) > 0 {
-		w.elems[setHairpin] = append(w.elems[setHairpin], hairpin)
+	for name, elems := range counted {
+		w.elems[name] = append(w.elems[name], elems)
 	}
 	return w
 }

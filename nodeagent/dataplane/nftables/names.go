@@ -19,16 +19,18 @@ const (
 	chainFilterInput      = "filter-input"
 	chainFilterForward    = "filter-forward"
 	chainFilterOutput     = "filter-output"
+	chainFilterOutputPost = "filter-output-post-dnat"
 	chainNATPrerouting    = "nat-prerouting"
 	chainNATOutput        = "nat-output"
 	chainNATPostrouting   = "nat-postrouting"
 
-	chainServices      = "services"
-	chainFirewallCheck = "firewall-check"
-	chainEndpointCheck = "endpoints-check"
-	chainReject        = "reject-chain"
-	chainMarkMasq      = "mark-for-masquerade"
-	chainMasquerading  = "masquerading"
+	chainServices       = "services"
+	chainFirewallCheck  = "firewall-check"
+	chainEndpointCheck  = "endpoints-check"
+	chainClusterIPCheck = "cluster-ips-check"
+	chainReject         = "reject-chain"
+	chainMarkMasq       = "mark-for-masquerade"
+	chainMasquerading   = "masquerading"
 
 	mapServiceIPs          = "service-ips"
 	mapServiceNodePorts    = "service-nodeports"
@@ -38,7 +40,7 @@ const (
 	setNodePortIPs         = "nodeport-ips"
 	setClusterCIDRs        = "cluster-cidrs"
 	setHairpin             = "hairpin-endpoints"
-	setClusterIPPorts      = "cluster-ip-ports"
+	setClusterIPs          = "cluster-ips"
 )
 
 // Prefixes of the per-service-port object names. Every per-service name

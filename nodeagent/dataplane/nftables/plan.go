@@ -204,12 +204,13 @@ type portChange struct {
 
 // incrementalPlan rewrites only the objects of the changed ports: their
 // elements in the shared maps, their chains whose rules changed, their
-// own maps and sets, and the hairpin elements whose count (hairpin, as
-// programmed before the changes) drops to zero or rises from it. Chains
+// own maps and sets, and the elements of the counted sets whose count
+// (counted, as programmed before the changes) drops to zero or rises
+// from it. Chains
 // that disappear are flushed here and returned as stale, to be deleted
 // by a later transaction.
-func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops []op, stale []string) {
-	var delElems, flushChains, setOps, addSets, addChains, addRules, addElems []op
+func incrementalPlan(changes []portChange, counted countedElems, endpointMaps refCounts) (ops []op, stale []string) {
+	var delElems, flushChains, setOps, addSets, addChains, addRules, addElems, addCounted []op
 	// The ports' elements of the service-endpoints maps, by map; an
 	// element that stays the same (key, range and endpoint) is left
 	// alone. The maps are created when their first port appears and
@@ -217,9 +218,14 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 	delEndpoints, addEndpoints := map[string][][]element{}, map[string][][]element{}
 	endpointMapDefs := map[string]*set{}
 	endpointMapDelta := refCounts{}
-	delHairpin, addHairpin := hairpinChanges(changes, hairpin)
-	if len(delHairpin) > 0 {
-		delElems = append(delElems, op{kind: opDelElems, name: setHairpin, set: &set{name: setHairpin}, elems: [][]element{delHairpin}})
+	for _, name := range countedSets {
+		del, add := countedChanges(changes, name, counted[name])
+		if len(del) > 0 {
+			delElems = append(delElems, op{kind: opDelElems, name: name, set: &set{name: name}, elems: [][]element{del}})
+		}
+		if len(add) > 0 {
+			addCounted = append(addCounted, op{kind: opAddElems, name: name, set: &set{name: name}, elems: [][]element{add}})
+		}
 	}
 	for _, ch := range changes {
 		old, nw := ch.old, ch.new
@@ -326,36 +332,32 @@ func incrementalPlan(changes []portChange, hairpin, endpointMaps refCounts) (ops
 			addElems = append(addElems, op{kind: opAddElems, name: name, set: m, elems: elems})
 		}
 	}
-	if len(addHairpin) > 0 {
-		addElems = append(addElems, op{kind: opAddElems, name: setHairpin, set: &set{name: setHairpin}, elems: [][]element{addHairpin}})
-	}
 	// Release references (elements, then rules) before deleting sets;
 	// create sets and chains before the rules and elements naming them.
-	for _, part := range [][]op{delElems, flushChains, setOps, addSets, addChains, addRules, addElems} {
+	for _, part := range [][]op{delElems, flushChains, setOps, addSets, addChains, addRules, addElems, addCounted} {
 		ops = append(ops, part...)
 	}
 	return ops, stale
 }
 
-// hairpinChanges returns the hairpin elements the changes remove from the
-// set (their count falls to zero) and add to it (it rises from zero),
-// given the counts before the changes.
-func hairpinChanges(changes []portChange, before refCounts) (del, add []element) {
+// countedChanges returns the elements of the counted set name that the
+// changes remove from it (their count falls to zero) and add to it (it
+// rises from zero), given the counts before the changes.
+func countedChanges(changes []portChange, name string, before refCounts) (del, add []element) {
 	delta := refCounts{}
 	elems := map[string]element{}
+	count := func(objs *portObjects, d int) {
+		if objs == nil {
+			return
+		}
+		for _, e := range objs.counted.of(name) {
+			delta[e.keyText()] += d
+			elems[e.keyText()] = e
+		}
+	}
 	for _, ch := range changes {
-		if ch.old != nil {
-			for _, e := range ch.old.hairpin {
-				delta[e.keyText()]--
-				elems[e.keyText()] = e
-			}
-		}
-		if ch.new != nil {
-			for _, e := range ch.new.hairpin {
-				delta[e.keyText()]++
-				elems[e.keyText()] = e
-			}
-		}
+		count(ch.old, -1)
+		count(ch.new, 1)
 	}
 	for _, text := range slices.Sorted(maps.Keys(delta)) {
 		was := before[text]
@@ -375,11 +377,11 @@ func sameSet(a, b *set) bool {
 		a.interval == b.interval && a.timeout == b.timeout
 }
 
-// sharedMap returns the definition of a shared map (or of the shared
-// set cluster-ip-ports); elements of the shared maps are written with it. The definitions do not depend on the
+// sharedMap returns the definition of a shared map; elements of the
+// shared maps are written with it. The definitions do not depend on the
 // family beyond the key length, which writing elements does not use.
 func sharedMap(name string) *set {
-	return &set{name: name, verdictMap: name != setClusterIPPorts}
+	return &set{name: name, verdictMap: true}
 }
 
 // missing returns the elements of a that b lacks.

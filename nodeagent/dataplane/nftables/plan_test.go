@@ -47,7 +47,7 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
 	changed := dt.Svc("ns", "svc-17", "http", "10.96.0.17", 80,
 		dt.EP("10.128.0.17", 8000), dt.EP("10.128.0.17", 8001), dt.EP("10.128.0.17", 9000))
-	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np), st.rs.counted, st.rs.endpointMaps)
 
 	// Only the port's range of the replaced endpoint changes: no rule,
 	// no chain, no verdict. The port's cluster choice is id<<1.
@@ -82,7 +82,7 @@ func TestEndpointChangesAddNoRule(t *testing.T) {
 		{dt.EP("10.128.0.7", 8000), dt.EP("10.128.6.6", 8000, dt.Local)},
 	} {
 		next := withPort(ports, dt.Svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...))
-		ops, _ := incrementalPlan(planChanges(ipv4, st, next, model.ChangeSet{target: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+		ops, _ := incrementalPlan(planChanges(ipv4, st, next, model.ChangeSet{target: {}}, np), st.rs.counted, st.rs.endpointMaps)
 		if len(ops) == 0 {
 			t.Errorf("no ops for a changed port")
 		}
@@ -105,15 +105,15 @@ func TestHairpinRefCounts(t *testing.T) {
 	a := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80, dt.Local), dt.EP("10.244.1.3", 80, dt.Local), dt.EP("10.244.9.9", 80))
 	b := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.2", 81, dt.Local))
 	st := stateOf(dt.PortsOf(a, b), np)
-	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.hairpin, want) {
-		t.Fatalf("hairpin counts %v, want %v", st.rs.hairpin, want)
+	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.counted[setHairpin], want) {
+		t.Fatalf("hairpin counts %v, want %v", st.rs.counted[setHairpin], want)
 	}
 	step := func(next *model.ServicePort, wantOps ...string) {
 		t.Helper()
 		ports := dt.PortsOf(a, b)
 		ports[next.Name] = next
 		changes := planChanges(ipv4, st, ports, model.ChangeSet{next.Name: {}}, np)
-		ops, _ := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
+		ops, _ := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
 		var got []string
 		for _, o := range ops {
 			if o.name == setHairpin {
@@ -125,8 +125,8 @@ func TestHairpinRefCounts(t *testing.T) {
 		}
 		// What Backend.incremental does after a commit.
 		for _, ch := range changes {
-			st.rs.hairpin.add(ch.old.hairpin, -1)
-			st.rs.hairpin.add(ch.new.hairpin, 1)
+			st.rs.counted.add(ch.old, -1)
+			st.rs.counted.add(ch.new, 1)
 			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
 			st.rs.endpointMaps.addEndpointMap(ch.new, 1)
 			st.rs.ports[ch.name] = ch.new
@@ -144,8 +144,49 @@ func TestHairpinRefCounts(t *testing.T) {
 		"delete element hairpin-endpoints { 10.244.1.2 . 10.244.1.2 }",
 		"add element hairpin-endpoints { 10.244.1.4 . 10.244.1.4 }")
 	// A full render agrees with the counts kept incrementally.
-	if full := stateOf(dt.PortsOf(a, b), np); !maps.Equal(full.rs.hairpin, st.rs.hairpin) {
-		t.Errorf("incremental counts %v, full render %v", st.rs.hairpin, full.rs.hairpin)
+	if full := stateOf(dt.PortsOf(a, b), np); !maps.Equal(full.rs.counted[setHairpin], st.rs.counted[setHairpin]) {
+		t.Errorf("incremental counts %v, full render %v", st.rs.counted[setHairpin], full.rs.counted[setHairpin])
+	}
+}
+
+// TestClusterIPRefCounts: the ports of one service share its cluster IP
+// in cluster-ips, which stays while any of them does, and whatever their
+// endpoints (traffic to a port the cluster IP lacks is rejected).
+func TestClusterIPRefCounts(t *testing.T) {
+	np := newNodePolicy(ipv4, testConfig)
+	http := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80))
+	https := dt.Svc("ns", "a", "https", "10.96.0.1", 443)
+	other := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.3", 80))
+	ports := dt.PortsOf(http, https, other)
+	st := stateOf(ports, np)
+	if want := (refCounts{"10.96.0.1": 2, "10.96.0.2": 1}); !maps.Equal(st.rs.counted[setClusterIPs], want) {
+		t.Fatalf("cluster IP counts %v, want %v", st.rs.counted[setClusterIPs], want)
+	}
+	remove := func(name model.ServicePortName, wantOps ...string) {
+		t.Helper()
+		delete(ports, name)
+		changes := planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np)
+		ops, _ := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
+		var got []string
+		for _, o := range ops {
+			if o.name == setClusterIPs {
+				got = append(got, o.String())
+			}
+		}
+		if !slices.Equal(got, wantOps) {
+			t.Errorf("cluster-ips ops %q, want %q", got, wantOps)
+		}
+		for _, ch := range changes {
+			st.rs.counted.add(ch.old, -1)
+			delete(st.rs.ports, ch.name)
+		}
+	}
+	// The service keeps its https port: its cluster IP stays.
+	remove(http.Name)
+	// Its last port goes, and the cluster IP with it.
+	remove(https.Name, "delete element cluster-ips { 10.96.0.1 }")
+	if full := stateOf(ports, np); !maps.Equal(full.rs.counted[setClusterIPs], st.rs.counted[setClusterIPs]) {
+		t.Errorf("incremental counts %v, full render %v", st.rs.counted[setClusterIPs], full.rs.counted[setClusterIPs])
 	}
 }
 
@@ -164,7 +205,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	cc.AffinityTimeout = time.Hour
 	next[c] = &cc
 	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, np)
-	ops, stale := incrementalPlan(changes, st.rs.hairpin, st.rs.endpointMaps)
+	ops, stale := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
 
 	allowed := []string{namesFor(a).base, namesFor(b).base, namesFor(c).base}
 	for _, o := range ops {
@@ -196,16 +237,21 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 			}
 			continue
 		}
+		if o.name == setClusterIPs {
+			// b's cluster IP goes (b was its service's only port).
+			for _, e := range slices.Concat(o.pieces()...) {
+				if o.kind != opDelElems || e.text != ports[b].ClusterIP.String() {
+					t.Errorf("op touches another port's cluster IP: %s", s)
+				}
+			}
+			continue
+		}
 		if sharedMaps[o.name] {
 			// Elements of shared maps must all belong to a changed port:
-			// they go to its chains, carry its name, or (cluster-ip-ports)
-			// are its cluster IP's key.
+			// they go to its chains or carry its name.
 			for _, e := range slices.Concat(o.pieces()...) {
 				if !slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
 					n := namesFor(name)
-					if e.verdict == nil {
-						return e.text == ports[name].ClusterIP.String()+" . tcp . 80"
-					}
 					return e.comment == n.comment || portHash(e.verdict.Chain) == portHash(n.service)
 				}) {
 					t.Errorf("op touches another port's element: %s", s)
@@ -245,7 +291,7 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	ports := dt.ManyPorts(10, 3)
 	st := stateOf(ports, np)
 	name := model.SortedNames(ports)[4]
-	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.counted, st.rs.endpointMaps)
 	if len(ops) != 0 || len(stale) != 0 {
 		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)
 	}
@@ -277,7 +323,7 @@ func TestSharedKeyConflicts(t *testing.T) {
 	// An incremental sync of the second port keeps away from the key.
 	st := &familyState{rs: rs, claims: claims}
 	second2 := dt.Svc("b", "second", "http", "10.96.0.2", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.2", 80), dt.EP("10.244.1.3", 80))
-	ops, _ := incrementalPlan(planChanges(ipv4, st, dt.PortsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.hairpin, st.rs.endpointMaps)
+	ops, _ := incrementalPlan(planChanges(ipv4, st, dt.PortsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.counted, st.rs.endpointMaps)
 	if len(ops) == 0 {
 		t.Fatal("no ops for a changed port")
 	}

@@ -22,8 +22,11 @@ import (
 // proxyshift sees each new connection first: see the README.
 const (
 	priorityFilter = nftables.ChainPriority(-120) // dstnat-20
-	priorityDNAT   = nftables.ChainPriority(-110) // dstnat-10
-	prioritySNAT   = nftables.ChainPriority(90)   // srcnat-10
+	// priorityFilterPostDNAT is kube-proxy's own for the same check:
+	// after every DNAT of the output hook, its and iptables' included.
+	priorityFilterPostDNAT = nftables.ChainPriority(-90)  // dstnat+10
+	priorityDNAT           = nftables.ChainPriority(-110) // dstnat-10
+	prioritySNAT           = nftables.ChainPriority(90)   // srcnat-10
 )
 
 // newNodePolicy returns the node's policy for family f.
@@ -48,7 +51,7 @@ func render(f *family, ports map[model.ServicePortName]*model.ServicePort, np *d
 // incrementally since its last full sync must hold.
 func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy,
 	ids map[model.ServicePortName]uint32) (rs *ruleset, claims claimIndex) {
-	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports)), hairpin: refCounts{}, endpointMaps: refCounts{}, nextID: 1}
+	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports)), counted: newCountedElems(), endpointMaps: refCounts{}, nextID: 1}
 	for _, id := range ids {
 		rs.nextID = max(rs.nextID, id+1)
 	}
@@ -65,7 +68,7 @@ func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np
 			rs.contested = true
 		}
 		rs.ports[name] = objs
-		rs.hairpin.add(objs.hairpin, 1)
+		rs.counted.add(objs, 1)
 		rs.endpointMaps.addEndpointMap(objs, 1)
 	}
 	return rs, claims
@@ -129,10 +132,15 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		base(chainFilterInput, nftables.ChainTypeFilter, "input", unix.NF_INET_LOCAL_IN, priorityFilter,
 			r().CtStateNew().Jump(chainEndpointCheck)),
 		base(chainFilterForward, nftables.ChainTypeFilter, "forward", unix.NF_INET_FORWARD, priorityFilter,
-			r().CtStateNew().Jump(chainEndpointCheck)),
+			r().CtStateNew().Jump(chainEndpointCheck),
+			r().CtStateNew().Jump(chainClusterIPCheck)),
 		base(chainFilterOutput, nftables.ChainTypeFilter, "output", unix.NF_INET_LOCAL_OUT, priorityFilter,
 			r().CtStateNew().Jump(chainFirewallCheck),
 			r().CtStateNew().Jump(chainEndpointCheck)),
+		// After DNAT: what still goes to a cluster IP matched none of its
+		// ports.
+		base(chainFilterOutputPost, nftables.ChainTypeFilter, "output", unix.NF_INET_LOCAL_OUT, priorityFilterPostDNAT,
+			r().CtStateNew().Jump(chainClusterIPCheck)),
 		base(chainNATPrerouting, nftables.ChainTypeNAT, "prerouting", unix.NF_INET_PRE_ROUTING, priorityDNAT,
 			r().Jump(chainServices)),
 		base(chainNATOutput, nftables.ChainTypeNAT, "output", unix.NF_INET_LOCAL_OUT, priorityDNAT,
@@ -141,15 +149,17 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 			r().Jump(chainMasquerading)),
 	}
 
-	// Cluster-IP traffic the node DNATs is marked for masquerading here,
-	// by one rule for every port (the ports put their cluster IP's key in
-	// cluster-ip-ports), before the dispatch sends it to the port's chain.
+	// Cluster-IP traffic is marked for masquerading here, by one rule for
+	// every port (the ports put their cluster IP in cluster-ips), before
+	// the dispatch sends it to the port's chain. Traffic to a port the
+	// cluster IP does not have is marked too, and rejected after DNAT
+	// (cluster-ips-check): it never leaves the node.
 	var services []*nft.Builder
 	switch {
 	case np.MasqueradeAll:
-		services = append(services, r().ServiceInSet(setClusterIPPorts, false).Jump(chainMarkMasq))
+		services = append(services, r().AddrInSet("daddr", false, setClusterIPs).Jump(chainMarkMasq))
 	case len(np.ClusterCIDRs) > 0:
-		services = append(services, r().ServiceInSet(setClusterIPPorts, false).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
+		services = append(services, r().AddrInSet("daddr", false, setClusterIPs).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
 	}
 	services = append(services, r().VmapService(mapServiceIPs))
 	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
@@ -161,6 +171,7 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		regular(chainServices, services...),
 		regular(chainEndpointCheck, endpointCheck...),
 		regular(chainFirewallCheck, r().VmapService(mapFirewallIPs)),
+		regular(chainClusterIPCheck, r().AddrInSet("daddr", false, setClusterIPs).Goto(chainReject)),
 		// TCP gets a reset rather than ICMP: ICMPv6 port unreachable for a
 		// forwarded or local connection did not reliably reach the
 		// client's socket in our tests, a reset does in both families.
@@ -189,13 +200,10 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		vmap(mapNoEndpointServices, addrProtoPort, addrText),
 		vmap(mapServiceIPs, addrProtoPort, addrText),
 		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
-		// Its elements belong to the service ports, counted in
-		// ruleset.hairpin.
+		// Their elements belong to the service ports, counted in
+		// ruleset.counted.
 		{name: setHairpin, keyType: nftables.MustConcatSetType(f.AddrType, f.AddrType), keyText: f.AddrType.Name + " . " + f.AddrType.Name},
-	}
-	if len(services) > 1 {
-		// Its elements belong to the service ports, as the shared maps'.
-		sets = append(sets, &set{name: setClusterIPPorts, keyType: addrProtoPort, keyText: addrText})
+		{name: setClusterIPs, keyType: f.AddrType, keyText: f.AddrType.Name},
 	}
 	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.AddrType, keyText: f.AddrType.Name, interval: true}
@@ -218,7 +226,7 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 // baseChainNames lists the base chains in the order renderFixed returns
 // them.
 var baseChainNames = []string{chainFilterPrerouting, chainFilterInput, chainFilterForward, chainFilterOutput,
-	chainNATPrerouting, chainNATOutput, chainNATPostrouting}
+	chainFilterOutputPost, chainNATPrerouting, chainNATOutput, chainNATPostrouting}
 
 // nodePortMatch returns a function starting a rule that matches packets
 // to a NodePort address, or nil if the family has no NodePort addresses.
@@ -280,15 +288,15 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	targetChain := map[dataplane.Target]string{dataplane.TargetCluster: n.service, dataplane.TargetLocal: n.local}
 
 	// Cluster IP traffic goes to the chain of its target; drops and
-	// rejects are decided by the filter chains' endpoints-check.
+	// rejects are decided by the filter chains' endpoints-check. The
+	// cluster IP itself is in cluster-ips, whatever the target: traffic to
+	// it that no port takes is rejected.
 	if pol.ClusterIP.IsValid() {
+		objs.counted.add(setClusterIPs, newElement(f.Bytes(pol.ClusterIP), nil, nil, pol.ClusterIP.String(), ""))
 		key, text := addrKey(pol.ClusterIP)
 		switch pol.Internal {
 		case dataplane.TargetCluster, dataplane.TargetLocal:
 			share(mapServiceIPs, key, text, nft.GotoChain(targetChain[pol.Internal]))
-			if pol.InternalMasquerade != dataplane.MasqueradeNone {
-				share(setClusterIPPorts, key, text, nil)
-			}
 		case dataplane.TargetDrop:
 			share(mapNoEndpointServices, key, text, nft.Drop)
 		case dataplane.TargetReject:
@@ -354,7 +362,7 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		objs.endpoints++
 		if ep.IsLocal && !seen[ep.IP] {
 			seen[ep.IP] = true
-			objs.hairpin = append(objs.hairpin, hairpinElement(f, ep.IP))
+			objs.counted.add(setHairpin, hairpinElement(f, ep.IP))
 		}
 		if sp.AffinityTimeout == 0 {
 			continue
@@ -368,7 +376,9 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		}})
 		objs.sets = append(objs.sets, &set{name: affinity, keyType: f.AddrType, keyText: f.AddrType.Name, timeout: sp.AffinityTimeout})
 	}
-	slices.SortFunc(objs.hairpin, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
+	for _, sh := range objs.counted {
+		slices.SortFunc(sh.elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
+	}
 	slices.SortFunc(objs.chains, func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(objs.sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
 	return objs

@@ -29,10 +29,10 @@ type ruleset struct {
 	// endpointMaps counts, for each service-endpoints map, the ports that
 	// use it: the map exists while its count is above zero.
 	endpointMaps refCounts
-	// hairpin counts, for each element of the hairpin set (by text), the
-	// service ports whose endpoints put it there. An element is in the
+	// counted counts, for each element of the counted sets (by set, then
+	// by text), the service ports that hold it. An element is in the
 	// kernel exactly while its count is above zero.
-	hairpin refCounts
+	counted countedElems
 	// contested says a port lost a key of a shared map to another port
 	// (two services with one external IP and port): the key goes to the
 	// next claimant only when the whole table is rendered again, so a
@@ -82,6 +82,41 @@ func (rc refCounts) addKey(key string, d int) {
 	}
 }
 
+// countedSets are the sets whose elements several service ports may
+// hold at once, each element once in the kernel: the cluster IPs (every
+// port of a service has its service's), and the hairpin pairs (ports
+// with an endpoint in common have its pair).
+var countedSets = []string{setClusterIPs, setHairpin}
+
+// countedElems are refCounts for each of the counted sets, by set name.
+type countedElems map[string]refCounts
+
+// newCountedElems returns counts of no element.
+func newCountedElems() countedElems {
+	c := countedElems{}
+	for _, name := range countedSets {
+		c[name] = refCounts{}
+	}
+	return c
+}
+
+// add adds d to the count of each of objs' counted elements.
+func (c countedElems) add(objs *portObjects, d int) {
+	for _, sh := range objs.counted {
+		c[sh.set].add(sh.elems, d)
+	}
+}
+
+// len is the number of counted elements in the kernel, all sets
+// together.
+func (c countedElems) len() int {
+	n := 0
+	for _, rc := range c {
+		n += len(rc)
+	}
+	return n
+}
+
 // addEndpointMap counts objs' service-endpoints map, if any, d times.
 func (rc refCounts) addEndpointMap(objs *portObjects, d int) {
 	if objs.endpointMap != nil {
@@ -109,10 +144,11 @@ type portObjects struct {
 	// made of (see endpointElems).
 	endpointMap     *set
 	endpointChoices []endpointChoice
-	// hairpin are the port's elements of the hairpin set (one "ep . ep"
-	// pair per distinct endpoint address). Several ports share elements:
-	// the ruleset counts how many ports hold each (see ruleset.hairpin).
-	hairpin []element
+	// counted are the port's elements of the counted sets (countedSets):
+	// its cluster IP, and one "ep . ep" hairpin pair per distinct endpoint
+	// address on this node. Several ports share elements: the ruleset
+	// counts how many ports hold each (see ruleset.counted).
+	counted sharedIn
 	// endpoints is the number of distinct endpoints the port DNATs to.
 	endpoints int
 }

@@ -113,7 +113,7 @@ func TestElementMessagesAreTheLibrarys(t *testing.T) {
 			{Key: []byte{198, 19, 0, 1, 6, 0, 0, 80}, Verdict: GotoChain("service-ABCDEFGH-default/web/tcp/http")},
 			{Key: []byte{198, 19, 0, 2, 17, 0, 0, 53}, Verdict: Drop, Comment: "default/dns/udp/dns"},
 		}},
-		{"set", &nftables.Set{Name: "cluster-ip-ports"}, []Element{{Key: []byte{1, 2, 3, 4}}, {Key: []byte{5, 6, 7, 8}}}},
+		{"set", &nftables.Set{Name: "cluster-ips"}, []Element{{Key: []byte{1, 2, 3, 4}}, {Key: []byte{5, 6, 7, 8}}}},
 		{"interval data map", &nftables.Set{Name: "service-endpoints-0", IsMap: true, Interval: true}, []Element{
 			{Key: []byte{0, 0, 0, 0}, KeyEnd: []byte{0, 0, 0x7f, 0xff}, Data: []byte{198, 18, 128, 1, 0x1f, 0x90, 0, 0}},
 			{Key: []byte{0, 0, 0x80, 0}, KeyEnd: []byte{0, 0, 0x80, 0}, Data: []byte{198, 18, 128, 2, 0x1f, 0x90, 0, 0}},
