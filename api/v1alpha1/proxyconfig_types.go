@@ -100,6 +100,12 @@ type KubeProxyBridgeStatus struct {
 	// To is the mode kube-proxy is being moved to: spec.kubeProxy.mode,
 	// or From while rolling back.
 	To ProxyMode `json:"to"`
+	// Requested is the spec.kubeProxy.mode the change was started for,
+	// which To no longer says while rolling back. An edit of the spec that
+	// keeps it, the bridge mode and the ConfigMap (a pause, a new node
+	// timeout) goes on with the change where it stands.
+	// +optional
+	Requested ProxyMode `json:"requested,omitempty"`
 	// Bridge is the proxyshift mode serving the nodes meanwhile.
 	Bridge ProxyMode `json:"bridge"`
 	// ConfigMap is kube-proxy's configuration, "namespace/name:key".

@@ -127,13 +127,14 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 		return refuse(ReasonKubeProxyConfig, "kube-proxy's configuration cannot be changed: "+err.Error())
 	}
 	prevB := p.prev.KubeProxyBridge
-	if prevB != nil && prevB.ObservedGeneration == p.cfg.Generation {
+	if prevB != nil && (prevB.ObservedGeneration == p.cfg.Generation || sameChange(prevB, ch, kp.ConfigMap)) {
 		b.st = *prevB
+		b.st.ObservedGeneration, b.st.Requested = p.cfg.Generation, ch.Mode
 	} else {
 		// From is the mode the ConfigMap says now: where a failure of
 		// this change returns to.
 		b.st = v1alpha1.KubeProxyBridgeStatus{ObservedGeneration: p.cfg.Generation, Stage: v1alpha1.BridgeTakingOver,
-			From: b.conf.Mode, To: ch.Mode, Bridge: ch.BridgeMode(), ConfigMap: kp.ConfigMap}
+			From: b.conf.Mode, To: ch.Mode, Requested: ch.Mode, Bridge: ch.BridgeMode(), ConfigMap: kp.ConfigMap}
 		if b.conf.Mode == ch.Mode && len(p.kubeProxyIn(ch.Mode)) == 0 {
 			b.st.Stage = v1alpha1.BridgeHandingBack // nothing to reconfigure: hand back what proxyshift serves
 		}
@@ -180,6 +181,20 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	}
 	p.prev = &prev
 	return nil
+}
+
+// sameChange says a spec edited since prev was written still asks for
+// prev's change, unfinished: the same mode, bridge and ConfigMap. Then
+// the change goes on where it stands (a rollback under way goes on
+// rolling back, and From stays the mode it returns to); any other edit,
+// or one after the change ended, starts a change from what the ConfigMap
+// says now ("change the spec to retry").
+func sameChange(prev *v1alpha1.KubeProxyBridgeStatus, ch *v1alpha1.KubeProxyModeChange, configMap string) bool {
+	requested := prev.Requested
+	if requested == "" && !prev.RollingBack {
+		requested = prev.To // written before Requested was
+	}
+	return prev.Stage != v1alpha1.BridgeCompleted && requested == ch.Mode && prev.Bridge == ch.BridgeMode() && prev.ConfigMap == configMap
 }
 
 // kubeProxyIn names the selected nodes kube-proxy serves in a reported

@@ -311,3 +311,54 @@ func TestBridgeWrongModeFails(t *testing.T) {
 		t.Errorf("ConfigMap says %s after the rollback", s.configMode())
 	}
 }
+
+// TestBridgePolicyEditKeepsTheChange: an edit of the spec that keeps
+// spec.kubeProxy (a new node timeout, a pause) goes on with the change
+// where it stands: while the nodes are handed back, From stays the mode a
+// failure returns to; while the change rolls back, the rollback finishes.
+func TestBridgePolicyEditKeepsTheChange(t *testing.T) {
+	t.Run("handing back", func(t *testing.T) {
+		s := newBridgeSim(t, 3, v1alpha1.ModeNFTables)
+		c := s.cfg("pc")
+		s.runBridge(300, func() bool {
+			return c.Status.KubeProxyBridge != nil && c.Status.KubeProxyBridge.Stage == v1alpha1.BridgeHandingBack
+		})
+		s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.Paused = true })
+		s.runBridge(3, nil)
+		b := c.Status.KubeProxyBridge
+		if b.From != v1alpha1.ModeIPTables || b.To != v1alpha1.ModeNFTables || b.Stage != v1alpha1.BridgeHandingBack || b.ObservedGeneration != c.Generation {
+			t.Errorf("after pausing, bridge status %+v; want iptables → nftables, handing back, generation %d", *b, c.Generation)
+		}
+	})
+	t.Run("rolling back", func(t *testing.T) {
+		s := newBridgeSim(t, 3, v1alpha1.ModeNFTables)
+		s.failHandBackInto = v1alpha1.ModeNFTables
+		c := s.cfg("pc")
+		s.runBridge(300, func() bool { return c.Status.KubeProxyBridge != nil && c.Status.KubeProxyBridge.RollingBack })
+		s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "6m" })
+		s.runBridge(300, func() bool {
+			return c.Status.Phase == v1alpha1.RolloutFailed && c.Status.KubeProxyBridge.Stage == v1alpha1.BridgeCompleted
+		})
+		if d := s.cond("pc", v1alpha1.ConditionDegraded); d.Reason != ReasonRolledBack {
+			t.Errorf("Degraded %+v, want %s", d, ReasonRolledBack)
+		}
+		if got := s.configMode(); got != v1alpha1.ModeIPTables {
+			t.Errorf("kube-proxy's ConfigMap says %s after the rollback, want iptables", got)
+		}
+		for name, pn := range s.pns {
+			if pn.Status.ActiveMode != v1alpha1.ModeKubeProxy || pn.Status.KubeProxyMode != v1alpha1.ModeIPTables {
+				t.Errorf("%s: active %s, kube-proxy mode %s", name, pn.Status.ActiveMode, pn.Status.KubeProxyMode)
+			}
+		}
+		// Once the change ended, an edit is a retry: a change from what
+		// the ConfigMap says now.
+		s.failHandBackInto = ""
+		s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "7m" })
+		s.runBridge(300, func() bool {
+			return c.Status.Phase == v1alpha1.RolloutCompleted && c.Status.KubeProxyBridge.Stage == v1alpha1.BridgeCompleted
+		})
+		if b := c.Status.KubeProxyBridge; b.RollingBack || b.From != v1alpha1.ModeIPTables || s.configMode() != v1alpha1.ModeNFTables {
+			t.Errorf("the retry ended with bridge %+v, ConfigMap %s", *b, s.configMode())
+		}
+	})
+}
