@@ -150,10 +150,14 @@ func TestRules(t *testing.T) {
 			miss: []move{{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{psNFTables}, services: []*corev1.Service{
 				svc("ranged", loadBalancer, func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16"} })}}}},
 		{code: CodeUndeclaredPortsNotRejected, objects: []string{"default/web"},
-			hit: []move{{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}}},
+			hit: []move{
+				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
+				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{psNFTables}, services: []*corev1.Service{web}},
+			},
 			miss: []move{
 				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpIPTables}, services: []*corev1.Service{web}},
 				{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
+				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
 			}},
 	}
 	tested := map[string]bool{}

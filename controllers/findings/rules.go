@@ -121,10 +121,13 @@ var rules = []rule{
 	{
 		code: CodeUndeclaredPortsNotRejected, severity: v1alpha1.SeverityInfo,
 		applies: func(from, to Proxy, _ *v1alpha1.ProxySettings) bool {
-			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeNFTables} && !to.KubeProxy && to.Mode != v1alpha1.ModeIPVS
+			// Both nftables modes reject (kube-proxy's and proxyshift's
+			// cluster-ips-check); IPVS answers on every port of its local
+			// service IPs, so only proxyshift's iptables mode routes.
+			return from.Mode == v1alpha1.ModeNFTables && !to.KubeProxy && to.Mode == v1alpha1.ModeIPTables
 		},
 		service: hasClusterIP,
-		message: "kube-proxy's nftables mode rejects traffic to a cluster IP on a port the Service does not declare; %[1]s routes it like any other " +
+		message: "the nftables mode (kube-proxy's and proxyshift's) rejects traffic to a cluster IP on a port the Service does not declare; %[1]s routes it like any other " +
 			"packet, so such clients time out instead of being refused",
 		action: "None needed; expect timeouts, not refusals, on undeclared ports",
 	},
