@@ -85,6 +85,8 @@ func TestRules(t *testing.T) {
 	strict := &v1alpha1.ProxySettings{IPVS: &v1alpha1.IPVSSettings{StrictARP: true}}
 	// noLocalhost turns localhost NodePorts off in the iptables mode.
 	noLocalhost := &v1alpha1.ProxySettings{IPTables: &v1alpha1.IPTablesSettings{LocalhostNodePorts: new(false)}}
+	// primary keeps NodePorts on the node's primary addresses.
+	primary := &v1alpha1.ProxySettings{NodePortAddresses: []v1alpha1.NodePortAddress{v1alpha1.NodePortAddressPrimary}}
 	lb, hc, web, np, aff := svc("lb", loadBalancer), svc("hc", localPolicy), svc("web"), svc("np", nodePort), svc("aff", affinity)
 	cases := []tc{
 		{code: CodeLocalhostNodePortsNotServed, objects: []string{"default/lb", "default/np"},
@@ -159,6 +161,18 @@ func TestRules(t *testing.T) {
 				{target: v1alpha1.ModeIPVS, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
 				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
 			}},
+		{code: CodeNodePortsOnEveryAddress, objects: []string{"default/lb", "default/np", "default/np6"},
+			hit: []move{
+				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{np, lb, web, svc("np6", nodePort, ipv6)}},
+				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables, kpNFTables}, services: []*corev1.Service{np, lb, svc("np6", nodePort, ipv6)}},
+			},
+			miss: []move{
+				{target: v1alpha1.ModeNFTables, settings: primary, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{np}},
+				{target: v1alpha1.ModeIPVS, settings: &v1alpha1.ProxySettings{NodePortAddresses: []v1alpha1.NodePortAddress{"198.18.0.0/15"}},
+					nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{np}},
+				{target: v1alpha1.ModeNFTables, nodes: []*v1alpha1.ProxyNode{kpIPTables, kpIPVS, psNFTables}, services: []*corev1.Service{np}},
+				{target: v1alpha1.ModeIPTables, nodes: []*v1alpha1.ProxyNode{kpNFTables}, services: []*corev1.Service{web}},
+			}},
 	}
 	tested := map[string]bool{}
 	for _, c := range cases {
@@ -213,7 +227,7 @@ func TestComputeShape(t *testing.T) {
 		codes = append(codes, string(f.Severity)+" "+f.Code)
 	}
 	want := []string{
-		"Warning LocalhostNodePortsNotServed", "Warning StrictARPDisabled",
+		"Warning LocalhostNodePortsNotServed", "Warning NodePortsOnEveryAddress", "Warning StrictARPDisabled",
 		"Info ExternalLocalForNodeClients", "Info LeavingKubeProxy", "Info ServiceIPsBecomeLocal",
 		"Info SessionAffinityPerAddress", "Info SessionAffinityReset",
 	}

@@ -38,6 +38,7 @@ const (
 	CodeExternalLocalForNodeClients = "ExternalLocalForNodeClients"
 	CodeSourceRangesDropSilently    = "SourceRangesDropSilently"
 	CodeUndeclaredPortsNotRejected  = "UndeclaredPortsNotRejected"
+	CodeNodePortsOnEveryAddress     = "NodePortsOnEveryAddress"
 )
 
 // rules are every difference the operator knows, in no particular order
@@ -130,6 +131,16 @@ var rules = []rule{
 		message: "the nftables mode (kube-proxy's and proxyshift's) rejects traffic to a cluster IP on a port the Service does not declare; %[1]s routes it like any other " +
 			"packet, so such clients time out instead of being refused",
 		action: "None needed; expect timeouts, not refusals, on undeclared ports",
+	},
+	{
+		code: CodeNodePortsOnEveryAddress, severity: v1alpha1.SeverityWarning,
+		applies: func(from, to Proxy, s *v1alpha1.ProxySettings) bool {
+			return from == Proxy{KubeProxy: true, Mode: v1alpha1.ModeNFTables} && !to.KubeProxy && len(s.NodePortAddresses) == 0
+		},
+		service: hasNodePort,
+		message: "Services use NodePorts, which kube-proxy's nftables mode answers only on the node's primary addresses when its configuration sets no " +
+			"nodePortAddresses; with spec.nodePortAddresses empty, %[1]s answers them on every local address of the node (every interface, not only the primary one)",
+		action: "Set spec.nodePortAddresses: [primary] to keep NodePorts on the node's primary addresses (or the CIDRs kube-proxy's nodePortAddresses lists, if it sets any)",
 	},
 }
 

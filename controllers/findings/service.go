@@ -1,6 +1,8 @@
 package findings
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -59,19 +61,16 @@ func localExternalPolicy(svc *corev1.Service) bool {
 	return svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 }
 
+// hasNodePort: some port has a node port.
+func hasNodePort(svc *corev1.Service) bool {
+	return slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.NodePort != 0 })
+}
+
 // hasIPv4NodePort: some port has a node port and the Service has IPv4
 // (an unset ipFamilies is the cluster's default family, taken as IPv4).
 func hasIPv4NodePort(svc *corev1.Service) bool {
-	v4 := len(svc.Spec.IPFamilies) == 0
-	for _, f := range svc.Spec.IPFamilies {
-		v4 = v4 || f == corev1.IPv4Protocol
-	}
-	for _, p := range svc.Spec.Ports {
-		if p.NodePort != 0 && v4 {
-			return true
-		}
-	}
-	return false
+	v4 := len(svc.Spec.IPFamilies) == 0 || slices.Contains(svc.Spec.IPFamilies, corev1.IPv4Protocol)
+	return v4 && hasNodePort(svc)
 }
 
 // hasExternalAddress: the Service is of type LoadBalancer or has

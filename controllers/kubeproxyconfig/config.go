@@ -46,8 +46,34 @@ type Config struct {
 	// ClusterCIDRs are the pod networks (clusterCIDR, comma-separated in
 	// the file).
 	ClusterCIDRs []v1alpha1.CIDR
-	// NodePortAddresses are the node addresses NodePorts answer on.
+	// NodePortAddresses are the node addresses NodePorts answer on, as
+	// kube-proxy in Mode applies the file (see nodePortAddressesIn).
 	NodePortAddresses []v1alpha1.NodePortAddress
+	// written is nodePortAddresses as the file says it, for InMode.
+	written []v1alpha1.NodePortAddress
+}
+
+// InMode is the configuration as kube-proxy would apply the same file in
+// mode. A change of kube-proxy's mode rewrites only the mode line, so
+// this is what kube-proxy did before the change (or does after it),
+// whichever mode the file says meanwhile.
+func (c Config) InMode(mode v1alpha1.ProxyMode) Config {
+	c.Mode = mode
+	c.NodePortAddresses = nodePortAddressesIn(mode, c.written)
+	return c
+}
+
+// nodePortAddressesIn is the nodePortAddresses kube-proxy applies in mode
+// when the file says written. kube-proxy's nftables mode reads an unset
+// list as primary (the node's primary addresses; v1.37
+// cmd/kube-proxy/app/server_linux.go platformApplyDefaults), its other
+// modes as every local address, which is what an empty list means to
+// proxyshift too.
+func nodePortAddressesIn(mode v1alpha1.ProxyMode, written []v1alpha1.NodePortAddress) []v1alpha1.NodePortAddress {
+	if mode == v1alpha1.ModeNFTables && len(written) == 0 {
+		return []v1alpha1.NodePortAddress{v1alpha1.NodePortAddressPrimary}
+	}
+	return written
 }
 
 // file is the part of a KubeProxyConfiguration proxyshift reads.
@@ -82,9 +108,9 @@ func Parse(text string) (Config, error) {
 		}
 	}
 	for _, a := range f.NodePortAddresses {
-		c.NodePortAddresses = append(c.NodePortAddresses, v1alpha1.NodePortAddress(a))
+		c.written = append(c.written, v1alpha1.NodePortAddress(a))
 	}
-	return c, nil
+	return c.InMode(c.Mode), nil
 }
 
 // modeLine is the top-level mode field of a YAML document.

@@ -1,6 +1,7 @@
 package kubeproxyconfig
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,6 +50,47 @@ func TestParse(t *testing.T) {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestNodePortAddressesAsKubeProxyAppliesThem: kube-proxy v1.37's
+// nftables mode reads an unset nodePortAddresses as primary, its other
+// modes as every local address (empty); an explicit list is kept in every
+// mode. InMode reads the same file as another mode would.
+func TestNodePortAddressesAsKubeProxyAppliesThem(t *testing.T) {
+	file := func(mode, addrs string) string {
+		return "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: " + mode + "\n" + addrs
+	}
+	const cidr = "nodePortAddresses: [198.18.0.0/15]\n"
+	primary := []v1alpha1.NodePortAddress{v1alpha1.NodePortAddressPrimary}
+	for _, tc := range []struct {
+		name string
+		text string
+		in   v1alpha1.ProxyMode // "": the file's own mode
+		want []v1alpha1.NodePortAddress
+	}{
+		{name: "nftables, unset", text: file("nftables", ""), want: primary},
+		{name: "nftables, a CIDR", text: file("nftables", cidr), want: []v1alpha1.NodePortAddress{"198.18.0.0/15"}},
+		{name: "iptables, unset", text: file(`""`, "")},
+		{name: "ipvs, unset", text: file("ipvs", "")},
+		{name: "nftables read as iptables", text: file("nftables", ""), in: v1alpha1.ModeIPTables},
+		{name: "iptables read as nftables", text: file("iptables", ""), in: v1alpha1.ModeNFTables, want: primary},
+		{name: "ipvs, primary, read as iptables", text: file("ipvs", "nodePortAddresses: [primary]\n"), in: v1alpha1.ModeIPTables, want: primary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.in != "" {
+				if c = c.InMode(tc.in); c.Mode != tc.in {
+					t.Errorf("InMode(%s) says mode %s", tc.in, c.Mode)
+				}
+			}
+			if !slices.Equal(c.NodePortAddresses, tc.want) {
+				t.Errorf("nodePortAddresses %q, want %q", c.NodePortAddresses, tc.want)
+			}
+		})
 	}
 }
 

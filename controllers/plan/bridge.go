@@ -161,14 +161,17 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	}
 
 	// The leg: the stage's target, with kube-proxy's own settings for
-	// the bridge (its cluster CIDRs and NodePort addresses), and the
-	// previous status as the leg's rollout wrote it.
+	// the bridge (its cluster CIDRs and NodePort addresses) as it applied
+	// them in the mode it ran before the change, whatever the ConfigMap's
+	// mode line says meanwhile, and the previous status as the leg's
+	// rollout wrote it.
 	cfg := p.cfg.DeepCopy()
 	cfg.Spec.Mode = b.legMode()
 	cfg.Spec.KubeProxy = nil
 	cfg.Spec.ProxySettings = v1alpha1.ProxySettings{}
 	if cfg.Spec.Mode != v1alpha1.ModeKubeProxy {
-		cfg.Spec.ClusterCIDRs, cfg.Spec.NodePortAddresses = b.conf.ClusterCIDRs, b.conf.NodePortAddresses
+		before := b.conf.InMode(b.st.From)
+		cfg.Spec.ClusterCIDRs, cfg.Spec.NodePortAddresses = before.ClusterCIDRs, before.NodePortAddresses
 	} else {
 		p.expectKubeProxy = b.st.To
 	}

@@ -29,6 +29,8 @@ type bridgeSim struct {
 	configWrites int
 	// handBackModes records, per hand-back write, the ConfigMap's mode.
 	handBackModes []v1alpha1.ProxyMode
+	// bridgeSpecs records every spec written for the bridge mode.
+	bridgeSpecs []v1alpha1.ProxyNodeSpec
 }
 
 func newBridgeSim(t *testing.T, n int, to v1alpha1.ProxyMode, mut ...func(*v1alpha1.ProxyConfig)) *bridgeSim {
@@ -114,6 +116,9 @@ func (s *bridgeSim) runBridge(max int, done func() bool) {
 			s.configWrites++
 		}
 		for _, u := range res.Update {
+			if u.Spec.DesiredMode != v1alpha1.ModeKubeProxy {
+				s.bridgeSpecs = append(s.bridgeSpecs, *u.Spec.DeepCopy())
+			}
 			if u.Spec.DesiredMode == v1alpha1.ModeKubeProxy && before[u.Name] != v1alpha1.ModeKubeProxy {
 				s.handBackModes = append(s.handBackModes, s.configMode())
 				for _, n := range s.nodes {
@@ -200,6 +205,31 @@ func TestBridgeIPTablesToNFTables(t *testing.T) {
 		if pn.Status.KubeProxyMode != v1alpha1.ModeIPTables {
 			t.Errorf("%s: kube-proxy mode %s after the way back", name, pn.Status.KubeProxyMode)
 		}
+	}
+}
+
+// TestBridgeKeepsKubeProxyNodePortAddresses: kube-proxy's nftables mode
+// answers NodePorts on the node's primary addresses when its file sets no
+// nodePortAddresses. The bridge keeps that while the ConfigMap's mode
+// line changes under it (to iptables, where the same file would mean
+// every address), and its nodes are asked for the bridge once each.
+func TestBridgeKeepsKubeProxyNodePortAddresses(t *testing.T) {
+	s := newBridgeSim(t, 3, v1alpha1.ModeIPTables)
+	s.kubeProxy.Config.Data["config.conf"] = strings.Replace(kubeProxyConf, `mode: ""`, "mode: nftables", 1)
+	for _, a := range s.agents {
+		a.kubeProxyMode = v1alpha1.ModeNFTables
+	}
+	s.runBridge(200, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	if s.configMode() != v1alpha1.ModeIPTables {
+		t.Fatalf("ConfigMap mode %s, want iptables", s.configMode())
+	}
+	for _, sp := range s.bridgeSpecs {
+		if got := sp.Settings.NodePortAddresses; len(got) != 1 || got[0] != v1alpha1.NodePortAddressPrimary {
+			t.Errorf("the bridge (%s) was asked for nodePortAddresses %q, want [primary] as kube-proxy's nftables mode had it", sp.DesiredMode, got)
+		}
+	}
+	if len(s.bridgeSpecs) != len(s.nodes) {
+		t.Errorf("%d bridge spec writes for %d nodes: the bridge's settings changed with the ConfigMap's mode", len(s.bridgeSpecs), len(s.nodes))
 	}
 }
 
