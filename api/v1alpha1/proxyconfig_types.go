@@ -53,7 +53,9 @@ type KubeProxyModeChange struct {
 	// kube-proxy is reconfigured; it defaults to mode, so traffic
 	// already runs on the target dataplane. The bridge runs with the
 	// cluster CIDRs and NodePort addresses of kube-proxy's own
-	// configuration.
+	// configuration. ipvs cannot bridge a change to or from kube-proxy's
+	// IPVS mode (both program the same IPVS virtual services): the
+	// operator refuses it; bridge with nftables or iptables then.
 	// +optional
 	// +kubebuilder:validation:Enum=iptables;nftables;ipvs
 	Bridge ProxyMode `json:"bridge,omitempty"`

@@ -147,6 +147,9 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 		}
 	}
 	if b.st.Stage == v1alpha1.BridgeTakingOver && !b.st.RollingBack {
+		if why := bridgeOverlap(b.st); why != "" {
+			return refuse(ReasonKubeProxyConfig, why)
+		}
 		if o := p.kubeProxyPreflight(b.st.To); o != nil {
 			return o
 		}
@@ -227,6 +230,21 @@ func (p *pass) outsidePods() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// bridgeOverlap says why the bridge mode cannot stand between kube-proxy's
+// modes ("" when it can): it takes the nodes over from kube-proxy in From
+// and hands them back to kube-proxy in To, and a rollback does both
+// again, so an overlap with either refuses the change before any node
+// moves.
+func bridgeOverlap(st v1alpha1.KubeProxyBridgeStatus) string {
+	for _, kp := range []v1alpha1.ProxyMode{st.From, st.To} {
+		if why := preflight.KubeProxyOverlap(st.Bridge, kp); why != "" {
+			return fmt.Sprintf("proxyshift %s cannot bridge kube-proxy %s → %s: %s; set spec.kubeProxy.bridge to nftables or iptables",
+				st.Bridge, st.From, st.To, why)
+		}
+	}
+	return ""
 }
 
 // kubeProxyPreflight checks that every selected node that reported its

@@ -296,8 +296,23 @@ func TestBridgeRefusals(t *testing.T) {
 	}{
 		{name: "kube-proxy on other nodes", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) { s.extraPods = []string{"edge-1"} },
 			reason: ReasonKubeProxyScope, msg: "edge-1"},
-		{name: "a node without IPVS", to: v1alpha1.ModeIPVS, mut: func(s *bridgeSim) { s.agents["node-01"].facts = noIPVS() },
-			reason: ReasonPreflightFailed, msg: "node-01: cannot run kube-proxy in ipvs mode"},
+		{name: "a node without IPVS", to: v1alpha1.ModeIPVS, mut: func(s *bridgeSim) {
+			s.cfg("pc").Spec.KubeProxy.Bridge = v1alpha1.ModeNFTables
+			s.agents["node-01"].facts = noIPVS()
+		}, reason: ReasonPreflightFailed, msg: "node-01: cannot run kube-proxy in ipvs mode"},
+		// proxyshift's ipvs mode and kube-proxy's program the same IPVS
+		// virtual services: the ipvs bridge can neither hand nodes back to
+		// kube-proxy in ipvs mode (the default bridge of a change to ipvs)
+		// nor take them over from it.
+		{name: "the ipvs bridge into kube-proxy ipvs", to: v1alpha1.ModeIPVS, mut: func(*bridgeSim) {},
+			reason: ReasonKubeProxyConfig, msg: "proxyshift ipvs cannot bridge kube-proxy iptables → ipvs: kube-proxy's IPVS mode and proxyshift's ipvs mode program the same IPVS virtual services"},
+		{name: "the ipvs bridge out of kube-proxy ipvs", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) {
+			s.cfg("pc").Spec.KubeProxy.Bridge = v1alpha1.ModeIPVS
+			s.kubeProxy.Config.Data["config.conf"] = strings.Replace(kubeProxyConf, `mode: ""`, "mode: ipvs", 1)
+			for _, a := range s.agents {
+				a.kubeProxyMode = v1alpha1.ModeIPVS
+			}
+		}, reason: ReasonKubeProxyConfig, msg: "proxyshift ipvs cannot bridge kube-proxy ipvs → nftables"},
 		{name: "--proxy-mode in the DaemonSet", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) { s.kubeProxy.ModeFlag = "iptables" },
 			reason: ReasonKubeProxyConfig, msg: "--proxy-mode=iptables"},
 		{name: "no ConfigMap", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) { s.kubeProxy.Config = nil },

@@ -236,10 +236,15 @@ func (p *pass) latestRollout() time.Time {
 }
 
 // kubeProxyProblem says why the node cannot move to the target because of
-// kube-proxy's DaemonSet: handing a node back needs the DaemonSet, and
-// taking over a node that holds kube-proxy's rules needs it to stop
-// kube-proxy there first. Empty means no problem.
+// kube-proxy: its rules on the node are of a mode the target cannot take
+// over from (preflight.KubeProxyOverlap); handing a node back needs the
+// DaemonSet, and taking over a node that holds kube-proxy's rules needs it
+// to stop kube-proxy there first. Empty means no problem.
 func (p *pass) kubeProxyProblem(pn *v1alpha1.ProxyNode) string {
+	if why := preflight.KubeProxyOverlap(p.cfg.Spec.Mode, pn.Status.KubeProxyMode); why != "" {
+		return fmt.Sprintf("kube-proxy's %s rules are on the node: %s; move the node to nftables or iptables first, then to %s",
+			pn.Status.KubeProxyMode, why, p.cfg.Spec.Mode)
+	}
 	kp := p.in.KubeProxy
 	switch {
 	case kp.Found:

@@ -282,3 +282,38 @@ func TestPreflightKubeProxyRulesWithoutDaemonSet(t *testing.T) {
 		}
 	}
 }
+
+// TestPreflightKubeProxyIPVSIntoIPVS: a node whose kernel holds kube-proxy's
+// IPVS rules cannot be taken over into proxyshift's ipvs mode (both
+// program the same IPVS virtual services): preflight refuses it, naming
+// the way round, before any node moves. Into nftables it can.
+func TestPreflightKubeProxyIPVSIntoIPVS(t *testing.T) {
+	for _, target := range []v1alpha1.ProxyMode{v1alpha1.ModeIPVS, v1alpha1.ModeNFTables} {
+		s := newSim(t, 3, target)
+		s.kubeProxy = KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true}
+		for _, a := range s.agents {
+			a.initial, a.kubeProxyMode = v1alpha1.ModeKubeProxy, v1alpha1.ModeIPTables
+		}
+		s.agents["node-01"].kubeProxyMode = v1alpha1.ModeIPVS
+		if target != v1alpha1.ModeIPVS {
+			s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+			continue
+		}
+		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+		st := s.cfg("pc").Status
+		if len(s.specLog) != 0 {
+			t.Fatalf("nodes changed: %v", s.specLog)
+		}
+		if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-01" {
+			t.Fatalf("failed nodes %+v, want node-01 alone", st.FailedNodes)
+		}
+		for _, w := range []string{"kube-proxy's ipvs rules are on the node", "same IPVS virtual services", "move the node to nftables or iptables first, then to ipvs"} {
+			if !strings.Contains(st.FailedNodes[0].Reason, w) {
+				t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
+			}
+		}
+		if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, "node-01") {
+			t.Errorf("Degraded %+v", c)
+		}
+	}
+}

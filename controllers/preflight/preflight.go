@@ -68,3 +68,19 @@ func Problems(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings, k *v1al
 	}
 	return out
 }
+
+// KubeProxyOverlap says why proxyshift in mode cannot pass a node to or
+// from kube-proxy in kubeProxyMode; "" when it can. Both IPVS modes
+// program the one IPVS table of the node, where a virtual service is one
+// per address, protocol and port: taking a node over, proxyshift finds
+// kube-proxy's virtual services where its own go (and takes none over);
+// handing one back, kube-proxy adopts proxyshift's, which proxyshift's
+// cleanup then deletes under it. Neither can be made before the other is
+// broken, so the pair is refused rather than tried.
+func KubeProxyOverlap(mode, kubeProxyMode v1alpha1.ProxyMode) string {
+	if mode == v1alpha1.ModeIPVS && kubeProxyMode == v1alpha1.ModeIPVS {
+		return "kube-proxy's IPVS mode and proxyshift's ipvs mode program the same IPVS virtual services (one per address, protocol and port), " +
+			"so neither can take over from the other make-before-break"
+	}
+	return ""
+}

@@ -51,3 +51,18 @@ func TestProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestKubeProxyOverlap: only proxyshift's ipvs mode beside kube-proxy's
+// IPVS mode is refused; every other pair, and a node without kube-proxy's
+// rules, is not.
+func TestKubeProxyOverlap(t *testing.T) {
+	modes := []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS, v1alpha1.ModeKubeProxy}
+	for _, mode := range modes {
+		for _, kp := range []v1alpha1.ProxyMode{"", v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS} {
+			why := KubeProxyOverlap(mode, kp)
+			if want := mode == v1alpha1.ModeIPVS && kp == v1alpha1.ModeIPVS; (why != "") != want {
+				t.Errorf("KubeProxyOverlap(%s, kube-proxy %q) = %q, want refused %v", mode, kp, why, want)
+			}
+		}
+	}
+}
