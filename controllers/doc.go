@@ -53,7 +53,14 @@
 // not True). Failed nodes are in transition too; at most maxUnavailable of
 // a config's nodes are ever in transition, and the operator only ever
 // adds a node to that set when there is room (redirecting a node already in
-// transition is free). A node is updated when it asks for the target mode
+// transition is free). A config's nodes are those it selects alone and,
+// until they settle, the nodes in transition it moved (its name in the
+// rollout annotation, else in spec.configRef) that it no longer selects
+// alone: the selector or their labels changed, or another ProxyConfig
+// selects them too. It finishes what it started: they count against its
+// maxUnavailable, their failures stop its rollout and are listed in its
+// failedNodes, a rollback returns them, and the Progressing condition
+// names them; it never starts them anew. A node is updated when it asks for the target mode
 // and settings and is not in transition. It has failed when, for the spec
 // it was given, the agent reports phase Failed, an unhealthy condition, or
 // Active in another mode (no silent fallback), or when it is still in
@@ -70,7 +77,8 @@
 // ProxyNode (owned by the Node, empty spec: the agent only reports). A node
 // another ProxyConfig selects too is a conflict: reported on both (Degraded
 // reason Conflict, a Conflict event), never created, written or counted as
-// updated by either.
+// updated by either, except that the config that moved a node finishes
+// what it started (below).
 //
 // Preflight: before a rollout's first move, every node that must move must
 // have reported kernel facts that satisfy preflight.Problems for the target.

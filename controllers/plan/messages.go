@@ -71,6 +71,13 @@ func conflictText(conflicts map[string][]string) string {
 		len(ns), strings.Join(parts, ", "))
 }
 
+// strayText says which nodes the config answers for although it no
+// longer selects them alone, and why they still matter.
+func strayText(strays []*nodeState) string {
+	return fmt.Sprintf("%d nodes this ProxyConfig moved are no longer selected by it alone and are still in transition (%s): "+
+		"they count against maxUnavailable, and are watched and rolled back with this rollout, until they settle", len(strays), names(strays, 5))
+}
+
 // acknowledgementText says which Critical findings hold the rollout and
 // how to let it go.
 func acknowledgementText(fs []v1alpha1.Finding) string {

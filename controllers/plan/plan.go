@@ -74,11 +74,11 @@ func (p *pass) run() outcome {
 	}
 	p.pol = pol
 	p.sel = selectNodes(p.in, p.pol.selector)
-	if p.sel.selected == 0 {
+	if p.sel.selected == 0 && len(p.sel.strays) == 0 {
 		return outcome{phase: v1alpha1.RolloutPending, stage: ReasonNoNodesSelected, stageMsg: "no node matches the node selector"}
 	}
 	p.maxUnav = p.pol.maxUnav.of(p.sel.selected)
-	if len(p.sel.nodes) == 0 {
+	if len(p.sel.tracked) == 0 {
 		return outcome{phase: v1alpha1.RolloutPending, stage: ReasonConflict, stageMsg: "every selected node is selected by another ProxyConfig too"}
 	}
 	var stop *outcome
@@ -112,7 +112,7 @@ func (p *pass) decide() outcome {
 	p.setMembership(oldRID)
 	targetChanged := prev.TargetMode != "" && prev.TargetMode != p.cfg.Spec.Mode
 	anyFailedMember := false
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.member && !n.rolledBack && !n.atTarget {
 			targetChanged = true
 		}

@@ -13,8 +13,9 @@ import (
 )
 
 // TestRandomized drives many random worlds (sizes, budgets, canaries,
-// failures, slow agents, pauses, new targets, joins, deletions, crashes)
-// and checks the safety invariant at every step and that each settles.
+// failures, slow agents, pauses, new targets, joins, deletions, crashes,
+// nodes leaving the selection, conflicts with another config) and checks
+// the safety invariant at every step and that each settles.
 func TestRandomized(t *testing.T) {
 	modes := []v1alpha1.ProxyMode{v1alpha1.ModeIPTables, v1alpha1.ModeNFTables, v1alpha1.ModeIPVS}
 	for seed := int64(1); seed <= 400; seed++ {
@@ -57,12 +58,32 @@ func TestRandomized(t *testing.T) {
 					s.addNode(fmt.Sprintf("late-%d", i), map[string]string{"pool": "a"})
 				case x == 3 && len(s.nodes) > 1:
 					s.nodes = s.nodes[1:]
+				case x == 4: // a node moves between pools
+					lbl := s.nodes[r.Intn(len(s.nodes))].Labels
+					lbl["pool"] = map[string]string{"a": "b", "b": "a"}[lbl["pool"]]
+				case x == 5: // pc's selector narrows to pool a, or widens again
+					s.edit("pc", func(c *v1alpha1.ProxyConfig) {
+						if c.Spec.NodeSelector == nil {
+							selector(map[string]v1alpha1.LabelValue{"pool": "a"})(c)
+						} else {
+							c.Spec.NodeSelector = nil
+						}
+					})
+				case x == 6: // another config for pool b comes or goes
+					if len(s.cfgs) == 1 {
+						s.addConfig("other", modes[r.Intn(3)], selector(map[string]v1alpha1.LabelValue{"pool": "b"}))
+					} else {
+						s.cfgs = s.cfgs[:1]
+					}
 				}
 			}
-			// Unpause, stop injecting crashes, and let it settle.
-			if s.cfg("pc").Spec.Rollout.Paused {
-				s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.Paused = false })
+			// Unpause, select every node again and drop the other config
+			// (pc stays Pending while it selects no node, or only
+			// conflicting ones), stop injecting crashes, and let it settle.
+			if c := s.cfg("pc"); c.Spec.Rollout.Paused || c.Spec.NodeSelector != nil {
+				s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.Paused, c.Spec.NodeSelector = false, nil })
 			}
+			s.cfgs = s.cfgs[:1]
 			s.dropNodeWrites = nil
 			s.run(2000, func() bool {
 				switch s.cfg("pc").Status.Phase {

@@ -18,12 +18,12 @@ func (p *pass) rollback(sticky bool) outcome {
 	o := outcome{effects: effects{failed: map[string]failedEntry{}}}
 	if sticky {
 		for _, f := range p.prev.FailedNodes {
-			if _, ok := p.sel.byName[f.Name]; ok {
+			if p.reportsFailure(f.Name) {
 				o.fail(f.Name, f.Reason, false)
 			}
 		}
 	}
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.member && !n.rolledBack && n.failed {
 			o.fail(n.name, n.failReason, false)
 		}
@@ -38,7 +38,7 @@ func (p *pass) rollback(sticky bool) outcome {
 	}
 	var toReturn []*nodeState
 	var returning []*nodeState
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		switch {
 		case n.member && n.rolledBack:
 			returning = append(returning, n)
@@ -105,6 +105,17 @@ func (p *pass) rollback(sticky bool) outcome {
 		o.degMsg = "the rollout failed: " + first + "; moved nodes run their previous mode again; change the spec to retry"
 	}
 	return o
+}
+
+// reportsFailure says whether a failed rollout keeps reporting a node's
+// failure: the node is selected, or this rollout moved it (a stray that
+// was sent back and settled is still why the rollout failed).
+func (p *pass) reportsFailure(name string) bool {
+	if _, ok := p.sel.byName[name]; ok {
+		return true
+	}
+	pn := p.in.ProxyNodes[name]
+	return pn != nil && pn.Annotations[AnnotationRollout] == p.rid
 }
 
 // moveBack returns the node's ProxyNode asking for the mode recorded when

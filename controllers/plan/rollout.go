@@ -69,7 +69,7 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 	p.recordFailing(&o)
 
 	members, membersUpdated := 0, true
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.member {
 			members++
 			if !(n.atTarget && n.converged) {
@@ -122,16 +122,7 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 	}
 	left := p.startNodes(pf.eligible, limit, &o)
 
-	inFlight := 0
-	updated := 0
-	for _, n := range p.sel.nodes {
-		if n.inTransition && !n.failed {
-			inFlight++
-		}
-		if n.atTarget && n.converged {
-			updated++
-		}
-	}
+	inFlight, updated := p.inFlight(), p.updated()
 	if left == 0 && len(pf.waiting) == 0 && inFlight == 0 {
 		if updated != len(p.sel.nodes) && len(pf.blocked) > 0 {
 			o.phase, o.stage, o.degraded = v1alpha1.RolloutFailed, ReasonPreflightFailed, ReasonPreflightFailed
@@ -240,18 +231,7 @@ func (p *pass) settle(inRollout bool, o *outcome) outcome {
 	if o != nil {
 		out.start, out.effects = o.start, o.effects
 	}
-	updated, inFlight := 0, 0
-	var failing []*nodeState
-	for _, n := range p.sel.nodes {
-		switch {
-		case n.atTarget && n.converged:
-			updated++
-		case n.inTransition && n.failed:
-			failing = append(failing, n)
-		case n.inTransition:
-			inFlight++
-		}
-	}
+	updated, inFlight, failing := p.updated(), p.inFlight(), p.failing()
 	p.recordFailing(&out)
 	switch {
 	case inFlight > 0:
@@ -279,6 +259,28 @@ func (p *pass) settle(inRollout bool, o *outcome) outcome {
 		}
 	}
 	return out
+}
+
+// updated counts the selected nodes that run the target.
+func (p *pass) updated() int {
+	c := 0
+	for _, n := range p.sel.nodes {
+		if n.atTarget && n.converged {
+			c++
+		}
+	}
+	return c
+}
+
+// inFlight counts the tracked nodes in transition that have not failed.
+func (p *pass) inFlight() int {
+	c := 0
+	for _, n := range p.sel.tracked {
+		if n.inTransition && !n.failed {
+			c++
+		}
+	}
+	return c
 }
 
 // prevReason is the reason of the previous status's condition condType.

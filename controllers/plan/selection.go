@@ -22,13 +22,24 @@ type selection struct {
 	// conflicts are the selected nodes other ProxyConfigs select too,
 	// with their names; they are left alone.
 	conflicts map[string][]string
+	// strays are nodes this config moved (movedBy) that it no longer
+	// selects alone, because the selector or their labels changed or
+	// another ProxyConfig selects them too, and that are still in
+	// transition. The config that moved a node finishes or rolls back its
+	// transition: strays count against its maxUnavailable, are watched
+	// for failure and return with a rollback until they settle; they are
+	// never started anew.
+	strays []*nodeState
+	// tracked are nodes followed by strays: every node the config
+	// answers for.
+	tracked []*nodeState
 	// selected counts every selected node, ready those Active and
 	// healthy in any mode.
 	selected, ready int
 }
 
-// selectNodes picks the nodes the selector matches, and sets apart those
-// another ProxyConfig selects too.
+// selectNodes picks the nodes the selector matches, sets apart those
+// another ProxyConfig selects too, and finds the strays.
 func selectNodes(in Input, sel labels.Selector) selection {
 	type other struct {
 		name string
@@ -47,12 +58,23 @@ func selectNodes(in Input, sel labels.Selector) selection {
 	sort.Slice(others, func(i, j int) bool { return others[i].name < others[j].name })
 	s := selection{byName: map[string]*nodeState{}, conflicts: map[string][]string{}}
 	states := make([]nodeState, 0, len(in.Nodes)) // one allocation; never grows
+	state := func(n Node) *nodeState {
+		states = append(states, nodeState{name: n.Name, node: n})
+		return &states[len(states)-1]
+	}
 	for _, n := range in.Nodes {
-		if n.Deleting || !sel.Matches(labels.Set(n.Labels)) {
+		if n.Deleting {
+			continue
+		}
+		pn := in.ProxyNodes[n.Name]
+		if !sel.Matches(labels.Set(n.Labels)) {
+			if stray(pn, n, in.Config.Name) {
+				s.strays = append(s.strays, state(n))
+			}
 			continue
 		}
 		s.selected++
-		if pn := in.ProxyNodes[n.Name]; pn != nil && pn.Status.Phase == v1alpha1.NodeActive && pn.Status.ActiveMode != "" {
+		if pn != nil && pn.Status.Phase == v1alpha1.NodeActive && pn.Status.ActiveMode != "" {
 			if ok, _ := contract.Healthy(&pn.Status); ok {
 				s.ready++
 			}
@@ -62,25 +84,54 @@ func selectNodes(in Input, sel labels.Selector) selection {
 				s.conflicts[n.Name] = append(s.conflicts[n.Name], o.name)
 			}
 		}
-		if len(s.conflicts[n.Name]) > 0 {
-			continue
+		switch {
+		case len(s.conflicts[n.Name]) == 0:
+			ns := state(n)
+			s.nodes = append(s.nodes, ns)
+			s.byName[n.Name] = ns
+		case stray(pn, n, in.Config.Name):
+			s.strays = append(s.strays, state(n))
 		}
-		states = append(states, nodeState{name: n.Name, node: n})
-		ns := &states[len(states)-1]
-		s.nodes = append(s.nodes, ns)
-		s.byName[n.Name] = ns
 	}
-	sort.Slice(s.nodes, func(i, j int) bool { return s.nodes[i].name < s.nodes[j].name })
+	sortByName(s.nodes)
+	sortByName(s.strays)
+	s.tracked = append(s.nodes[:len(s.nodes):len(s.nodes)], s.strays...)
 	return s
 }
 
-// classify fills in each selected node's state from its ProxyNode, and
+// sortByName sorts nodes by name.
+func sortByName(ns []*nodeState) {
+	sort.Slice(ns, func(i, j int) bool { return ns[i].name < ns[j].name })
+}
+
+// stray says whether config answers for a node it does not select alone:
+// it moved the node (its ProxyNode is not a replaced Node's) and the node
+// is still in transition.
+func stray(pn *v1alpha1.ProxyNode, n Node, config string) bool {
+	return pn != nil && movedBy(pn) == config && InTransition(pn) && !ownedByOtherNode(pn, n)
+}
+
+// movedBy names the ProxyConfig that last moved the node: the one its
+// rollout annotation names (a rollback keeps it while its configRef
+// names the previous spec's config) or, without that annotation, the one
+// its configRef names.
+func movedBy(pn *v1alpha1.ProxyNode) string {
+	if name, _, ok := strings.Cut(pn.Annotations[AnnotationRollout], "@"); ok {
+		return name
+	}
+	if ref := pn.Spec.ConfigRef; ref != nil {
+		return ref.Name
+	}
+	return ""
+}
+
+// classify fills in each tracked node's state from its ProxyNode, and
 // returns the ProxyNodes to create (missing ones) and delete (left by a
 // replaced Node), and when to look again.
 func (p *pass) classify() effects {
 	var e effects
 	mode, settings := p.cfg.Spec.Mode, &p.cfg.Spec.ProxySettings
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		pn := p.in.ProxyNodes[n.name]
 		if pn != nil && ownedByOtherNode(pn, n.node) {
 			e.delete = append(e.delete, pn)
@@ -116,7 +167,7 @@ func (p *pass) classify() effects {
 // rollout).
 func (p *pass) setMembership(rid string) {
 	p.rid = rid
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		n.member, n.rolledBack = false, false
 		if rid == "" || n.pn == nil {
 			continue
@@ -190,10 +241,10 @@ func (p *pass) preflightCheck(pending []*nodeState, o *outcome) checked {
 	return pf
 }
 
-// unavailable counts the nodes in transition.
+// unavailable counts the tracked nodes in transition.
 func (p *pass) unavailable() int {
 	c := 0
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.inTransition {
 			c++
 		}
@@ -201,10 +252,10 @@ func (p *pass) unavailable() int {
 	return c
 }
 
-// failing are the nodes in transition that failed.
+// failing are the tracked nodes in transition that failed.
 func (p *pass) failing() []*nodeState {
 	var out []*nodeState
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.inTransition && n.failed {
 			out = append(out, n)
 		}
@@ -220,7 +271,7 @@ func (p *pass) latestRollout() time.Time {
 		latest = p.prev.StartTime.Time
 	}
 	prefix := p.cfg.Name + "@"
-	for _, n := range p.sel.nodes {
+	for _, n := range p.sel.tracked {
 		if n.pn == nil {
 			continue
 		}

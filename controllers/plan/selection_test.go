@@ -317,3 +317,98 @@ func TestPreflightKubeProxyIPVSIntoIPVS(t *testing.T) {
 		}
 	}
 }
+
+// zonedSim is a world of nodes node-00, node-01, ... labelled with the
+// given zones, whose switches take 30 seconds.
+func zonedSim(t *testing.T, zones ...string) *sim {
+	s := &sim{t: t, pns: map[string]*v1alpha1.ProxyNode{}, agents: map[string]*agent{}, now: t0, tick: time.Second,
+		writes: map[string]int{}, maxSeen: map[string]int{}}
+	for i, zone := range zones {
+		s.addNode(fmt.Sprintf("node-%02d", i), map[string]string{"zone": zone}).delay = 30 * time.Second
+	}
+	return s
+}
+
+// countInTransition counts every ProxyNode in transition, selected or not.
+func (s *sim) countInTransition() int {
+	c := 0
+	for _, pn := range s.pns {
+		if InTransition(pn) {
+			c++
+		}
+	}
+	return c
+}
+
+// The selector is narrowed while the first batch is still switching: the
+// nodes it left still count against maxUnavailable, so the newly selected
+// nodes wait; one of them fails, and the rollout rolls it back and fails.
+func TestSelectorNarrowedMidRollout(t *testing.T) {
+	s := zonedSim(t, "x", "x", "y", "y")
+	s.agents["node-00"].failOn = map[v1alpha1.ProxyMode]bool{v1alpha1.ModeNFTables: true}
+	s.addConfig("pc", v1alpha1.ModeNFTables, maxU(intstr.FromInt32(2)), canary(0, ""))
+	s.steps(3)
+	if n := s.countInTransition(); n != 2 {
+		t.Fatalf("setup: %d in transition\n%s", n, s.dump())
+	}
+	s.edit("pc", selector(map[string]v1alpha1.LabelValue{"zone": "y"}))
+	s.steps(2)
+	if n := s.countInTransition(); n != 2 {
+		t.Errorf("%d nodes in transition with maxUnavailable 2 after the selector was narrowed\n%s", n, s.dump())
+	}
+	if c := s.cond("pc", v1alpha1.ConditionProgressing); !strings.Contains(c.Message, "no longer selected by it alone and are still in transition (node-00, node-01)") {
+		t.Errorf("Progressing does not name the nodes that left the selection: %+v", c)
+	}
+	s.run(300, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	st := s.cfg("pc").Status
+	if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-00" {
+		t.Errorf("failedNodes %+v, want node-00", st.FailedNodes)
+	}
+	if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonRolledBack || !strings.Contains(c.Message, "node node-00 failed") {
+		t.Errorf("Degraded %+v", c)
+	}
+	if c := s.cond("pc", v1alpha1.ConditionReady); c.Status != metav1.ConditionFalse {
+		t.Errorf("Ready %+v", c)
+	}
+	pn := s.pns["node-00"]
+	if pn.Status.ActiveMode != v1alpha1.ModeIPTables || pn.Annotations[AnnotationRolledBack] == "" {
+		t.Errorf("node-00 was not rolled back: active %s, annotations %v", pn.Status.ActiveMode, pn.Annotations)
+	}
+	for _, name := range []string{"node-02", "node-03"} {
+		if d := s.pns[name].Spec.DesiredMode; d != "" {
+			t.Errorf("%s was started (%s) although the budget was full", name, d)
+		}
+	}
+}
+
+// A second ProxyConfig selecting the node the first one is switching is
+// created: the node becomes a conflict, yet the config that moved it still
+// counts it against maxUnavailable and rolls it back when it fails; the
+// other config never writes it.
+func TestConflictMidRolloutKeepsBudgetAndRollback(t *testing.T) {
+	s := zonedSim(t, "x", "y", "y", "y")
+	s.agents["node-00"].failOn = map[v1alpha1.ProxyMode]bool{v1alpha1.ModeNFTables: true}
+	s.addConfig("pc", v1alpha1.ModeNFTables, maxU(intstr.FromInt32(1)), canary(0, ""))
+	s.steps(2)
+	if n := s.countInTransition(); n != 1 || !InTransition(s.pns["node-00"]) {
+		t.Fatalf("setup: %d in transition\n%s", n, s.dump())
+	}
+	s.addConfig("other", v1alpha1.ModeIPVS, selector(map[string]v1alpha1.LabelValue{"zone": "x"}))
+	s.steps(2)
+	if n := s.countInTransition(); n != 1 {
+		t.Errorf("%d nodes in transition with maxUnavailable 1 after a conflict appeared\n%s", n, s.dump())
+	}
+	s.run(300, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	if st := s.cfg("pc").Status; len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-00" {
+		t.Errorf("failedNodes %+v, want node-00", st.FailedNodes)
+	}
+	pn := s.pns["node-00"]
+	if pn.Status.ActiveMode != v1alpha1.ModeIPTables || !strings.HasPrefix(pn.Annotations[AnnotationRolledBack], "pc@") {
+		t.Errorf("pc did not roll node-00 back: active %s, annotations %v", pn.Status.ActiveMode, pn.Annotations)
+	}
+	for _, w := range s.specLog {
+		if w == "node-00=ipvs" {
+			t.Errorf("the other config wrote the conflicting node: %v", s.specLog)
+		}
+	}
+}

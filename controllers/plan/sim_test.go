@@ -252,8 +252,9 @@ func (s *sim) plan(c *v1alpha1.ProxyConfig) Result {
 	return res
 }
 
-// inTransition counts a config's (non-conflicting) selected nodes in
-// transition, and resolves its maxUnavailable.
+// inTransition counts the nodes in transition a config answers for
+// (its non-conflicting selected nodes, and the nodes it moved that it no
+// longer selects alone), and resolves its maxUnavailable.
 func (s *sim) inTransition(c *v1alpha1.ProxyConfig) (int, int) {
 	sel, err := Selector(c)
 	if err != nil {
@@ -261,14 +262,16 @@ func (s *sim) inTransition(c *v1alpha1.ProxyConfig) (int, int) {
 	}
 	selected, inTrans := 0, 0
 	for _, n := range s.nodes {
-		if n.Deleting || !sel.Matches(labels.Set(n.Labels)) {
+		if n.Deleting {
 			continue
 		}
-		selected++
-		if s.conflicting(c, n) {
-			continue
+		pn := s.pns[n.Name]
+		selectedAlone := sel.Matches(labels.Set(n.Labels))
+		if selectedAlone {
+			selected++
+			selectedAlone = !s.conflicting(c, n)
 		}
-		if pn := s.pns[n.Name]; pn != nil && InTransition(pn) {
+		if pn != nil && InTransition(pn) && (selectedAlone || movedBy(pn) == c.Name) {
 			inTrans++
 		}
 	}

@@ -29,6 +29,9 @@ var progressingTrue = map[string]bool{
 // one), and the requeue.
 func (p *pass) finish(o outcome) Result {
 	o = p.sideDegraded(o)
+	if len(p.sel.strays) > 0 {
+		o.stageMsg = strings.TrimPrefix(o.stageMsg+"; "+strayText(p.sel.strays), "; ")
+	}
 	res := Result{Create: o.create, Delete: o.delete, Update: o.update, Events: o.events, KubeProxyConfig: p.kubeProxyWrite}
 	st := &res.Status
 	st.ObservedGeneration = p.cfg.Generation
