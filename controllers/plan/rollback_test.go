@@ -216,3 +216,47 @@ func TestRollbackKeepsKubeProxyStopped(t *testing.T) {
 		t.Error("the rollback cleared spec.kubeProxyStopped")
 	}
 }
+
+// A node a rollout moved away from ipvs{strictARP} is redirected to a new
+// target while still switching; the new target fails on it. The rollback
+// returns it to ipvs with strictARP and the configRef that ran it, as for
+// a node that was not redirected.
+func TestRollbackOfRedirectedNodeRestoresPreviousSettings(t *testing.T) {
+	s := newSim(t, 2, v1alpha1.ModeIPVS, canary(1, ""), func(c *v1alpha1.ProxyConfig) {
+		c.Spec.IPVS = &v1alpha1.IPVSSettings{Scheduler: "rr", StrictARP: true}
+	})
+	s.run(200, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+	ranIPVS := *s.pns["node-00"].Spec.ConfigRef
+	a := s.agents["node-00"]
+	a.delay = time.Minute // still switching when the target changes again
+	a.failOn = map[v1alpha1.ProxyMode]bool{v1alpha1.ModeIPTables: true}
+	s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Mode = v1alpha1.ModeNFTables; c.Spec.IPVS = nil })
+	s.steps(3)
+	before := s.pns["node-00"].Annotations
+	if s.pns["node-00"].Spec.DesiredMode != v1alpha1.ModeNFTables || before[AnnotationPreviousSettings] == "" {
+		t.Fatalf("setup: node-00 %+v %v", s.pns["node-00"].Spec, before)
+	}
+	s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Mode = v1alpha1.ModeIPTables })
+	s.steps(2)
+	after := s.pns["node-00"]
+	if after.Spec.DesiredMode != v1alpha1.ModeIPTables {
+		t.Fatalf("node-00 not redirected: %+v", after.Spec)
+	}
+	for _, key := range []string{AnnotationPreviousMode, AnnotationPreviousSettings, AnnotationPreviousConfig} {
+		if after.Annotations[key] != before[key] {
+			t.Errorf("redirect changed %s from %q to %q", key, before[key], after.Annotations[key])
+		}
+	}
+	a.delay = 3 * time.Second
+	s.run(400, func() bool {
+		return s.cfg("pc").Status.Phase == v1alpha1.RolloutFailed && s.pns["node-00"].Status.ActiveMode == v1alpha1.ModeIPVS &&
+			s.pns["node-00"].Status.Phase == v1alpha1.NodeActive
+	})
+	pn := s.pns["node-00"]
+	if pn.Spec.Settings.IPVS == nil || !pn.Spec.Settings.IPVS.StrictARP {
+		t.Errorf("rollback of a redirected node lost its ipvs settings: %+v", pn.Spec.Settings)
+	}
+	if *pn.Spec.ConfigRef != ranIPVS {
+		t.Errorf("rollback configRef %+v, want the one that ran ipvs, %+v", *pn.Spec.ConfigRef, ranIPVS)
+	}
+}

@@ -193,19 +193,7 @@ func (p *pass) moveForward(n *nodeState) *v1alpha1.ProxyNode {
 	if pn.Annotations == nil {
 		pn.Annotations = map[string]string{}
 	}
-	if active := pn.Status.ActiveMode; active != "" {
-		pn.Annotations[AnnotationPreviousMode] = string(active)
-		delete(pn.Annotations, AnnotationPreviousSettings)
-		delete(pn.Annotations, AnnotationPreviousConfig)
-		if pn.Spec.DesiredMode == active {
-			if b, err := json.Marshal(pn.Spec.Settings); err == nil && string(b) != "{}" {
-				pn.Annotations[AnnotationPreviousSettings] = string(b)
-			}
-			if ref := pn.Spec.ConfigRef; ref != nil {
-				pn.Annotations[AnnotationPreviousConfig] = fmt.Sprintf("%s/%d", ref.Name, ref.Generation)
-			}
-		}
-	}
+	recordPrevious(pn, n.inTransition)
 	pn.Annotations[AnnotationRollout] = p.rid
 	delete(pn.Annotations, AnnotationRolledBack)
 	pn.Annotations[AnnotationRequestedAt] = p.now.UTC().Format(time.RFC3339Nano)
@@ -220,6 +208,32 @@ func (p *pass) moveForward(n *nodeState) *v1alpha1.ProxyNode {
 	n.member, n.atTarget, n.converged, n.failed = true, true, false, false
 	n.inTransition = true
 	return pn
+}
+
+// recordPrevious records in pn's annotations what serves traffic on the
+// node, for a rollback: status.activeMode, with the settings and configRef
+// of the spec that asked for it when the spec still does. A node in
+// transition (failed ones included) reports the mode it is leaving as
+// active while its spec asks for the move under way; when the annotations
+// already name that mode, the move that started the transition recorded
+// it from the spec that ran it, so they are kept: recorded again from the
+// in-flight spec they would lose its settings and configRef.
+func recordPrevious(pn *v1alpha1.ProxyNode, inTransition bool) {
+	active := pn.Status.ActiveMode
+	if active == "" || inTransition && pn.Annotations[AnnotationPreviousMode] == string(active) {
+		return
+	}
+	pn.Annotations[AnnotationPreviousMode] = string(active)
+	delete(pn.Annotations, AnnotationPreviousSettings)
+	delete(pn.Annotations, AnnotationPreviousConfig)
+	if pn.Spec.DesiredMode == active {
+		if b, err := json.Marshal(pn.Spec.Settings); err == nil && string(b) != "{}" {
+			pn.Annotations[AnnotationPreviousSettings] = string(b)
+		}
+		if ref := pn.Spec.ConfigRef; ref != nil {
+			pn.Annotations[AnnotationPreviousConfig] = fmt.Sprintf("%s/%d", ref.Name, ref.Generation)
+		}
+	}
 }
 
 // settle ends a pass where nothing is left to start: Completed when every

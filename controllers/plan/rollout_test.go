@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +243,46 @@ func TestRolloutNamesNeverCollide(t *testing.T) {
 	}
 	if st := s.cfg("pc").Status.StartTime; st.Equal(first) {
 		t.Errorf("two rollouts share the start time %v", st)
+	}
+}
+
+// recordPrevious keeps what the move that started a transition recorded
+// (a redirect, or the retry of a failed node after a spec edit), and
+// records afresh from a settled node's spec.
+func TestRecordPrevious(t *testing.T) {
+	strict := `{"ipvs":{"scheduler":"rr","strictARP":true}}`
+	recorded := map[string]string{AnnotationPreviousMode: "ipvs", AnnotationPreviousSettings: strict, AnnotationPreviousConfig: "pc/1"}
+	ipvsStrict := v1alpha1.ProxySettings{IPVS: &v1alpha1.IPVSSettings{Scheduler: "rr", StrictARP: true}}
+	ipvsLoose := v1alpha1.ProxySettings{IPVS: &v1alpha1.IPVSSettings{Scheduler: "rr"}}
+	for _, tc := range []struct {
+		name         string
+		desired      v1alpha1.ProxyMode
+		settings     v1alpha1.ProxySettings
+		ref          int64
+		active       v1alpha1.ProxyMode
+		inTransition bool
+		ann          map[string]string
+		want         map[string]string
+	}{
+		{"settled node: recorded from its spec", v1alpha1.ModeIPVS, ipvsStrict, 1, v1alpha1.ModeIPVS, false, nil, recorded},
+		{"redirected while switching", v1alpha1.ModeNFTables, v1alpha1.ProxySettings{}, 2, v1alpha1.ModeIPVS, true, recorded, recorded},
+		{"failed node retried after an edit", v1alpha1.ModeIPTables, v1alpha1.ProxySettings{}, 3, v1alpha1.ModeIPVS, true, recorded, recorded},
+		{"same mode, new settings, still switching", v1alpha1.ModeIPVS, ipvsLoose, 2, v1alpha1.ModeIPVS, true, recorded, recorded},
+		{"in transition from a mode the annotations do not name", v1alpha1.ModeNFTables, v1alpha1.ProxySettings{}, 2, v1alpha1.ModeIPTables, true, recorded,
+			map[string]string{AnnotationPreviousMode: "iptables"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pn := &v1alpha1.ProxyNode{}
+			pn.Annotations = map[string]string{}
+			for k, v := range tc.ann {
+				pn.Annotations[k] = v
+			}
+			pn.Spec = v1alpha1.ProxyNodeSpec{DesiredMode: tc.desired, Settings: tc.settings, ConfigRef: &v1alpha1.ConfigReference{Name: "pc", Generation: tc.ref}}
+			pn.Status.ActiveMode = tc.active
+			recordPrevious(pn, tc.inTransition)
+			if !maps.Equal(pn.Annotations, tc.want) {
+				t.Errorf("annotations %v, want %v", pn.Annotations, tc.want)
+			}
+		})
 	}
 }
