@@ -35,11 +35,11 @@
 //     .../rolled-back (the rollout that sent it back).
 //   - ProxyConfig.status: startTime names the current rollout; the
 //     Progressing condition's reason is the stage (Preflight, Canary,
-//     CanaryPause, RollingOut, RollingBack, ...) and, while the canary pause
-//     runs, its lastTransitionTime is when the pause began; a Degraded
-//     reason of NodeFailed, RolledBack or RollbackFailed marks a failed
-//     rollout, which holds until the spec changes; failedNodes keeps the
-//     failure reasons.
+//     CanaryPause, RollingOut, RollingBack, ...); canaryPassedTime is when
+//     the rollout's canary passed, from which the canary pause counts; a
+//     Degraded reason of NodeFailed, RolledBack or RollbackFailed marks a
+//     failed rollout, which holds until the spec changes; failedNodes keeps
+//     the failure reasons.
 //
 // The status is written before the ProxyNode updates of the same pass, so
 // no node ever carries the name of a rollout the API does not know.
@@ -89,8 +89,9 @@
 // if it cannot run the mode, is left out and reported.
 //
 // Then the canary (spec.rollout.canary.nodes, within maxUnavailable), the
-// canary pause (phase Paused, reason CanaryPause; time spent paused by a
-// person counts toward it), then the rest, as fast as maxUnavailable (a
+// canary pause (phase Paused, reason CanaryPause; it counts from the
+// canary's success, status.canaryPassedTime, so time spent paused by a
+// person after that counts toward it and time before it does not), then the rest, as fast as maxUnavailable (a
 // number, or a percentage of the selected nodes rounded down, at least 1)
 // allows. A node that joins after completion starts a new (small) rollout.
 // A new mode or new settings mid-rollout start a new rollout from what the

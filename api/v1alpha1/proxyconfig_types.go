@@ -413,6 +413,12 @@ type ProxyConfigStatus struct {
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
 
+	// CanaryPassedTime is when the current rollout's canary passed: the
+	// canary pause (spec.rollout.canary.pause) counts from it, whatever
+	// was paused before.
+	// +optional
+	CanaryPassedTime *metav1.Time `json:"canaryPassedTime,omitempty"`
+
 	// CompletionTime is when the current rollout completed.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`

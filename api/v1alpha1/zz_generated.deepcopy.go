@@ -474,6 +474,10 @@ func (in *ProxyConfigStatus) DeepCopyInto(out *ProxyConfigStatus) {
 		in, out := &in.StartTime, &out.StartTime
 		*out = (*in).DeepCopy()
 	}
+	if in.CanaryPassedTime != nil {
+		in, out := &in.CanaryPassedTime, &out.CanaryPassedTime
+		*out = (*in).DeepCopy()
+	}
 	if in.CompletionTime != nil {
 		in, out := &in.CompletionTime, &out.CompletionTime
 		*out = (*in).DeepCopy()

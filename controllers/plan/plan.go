@@ -158,8 +158,9 @@ type outcome struct {
 	// degraded and degMsg are the Degraded condition's reason ("" when
 	// not degraded) and message.
 	degraded, degMsg string
-	// start and completion are the rollout's start and completion times.
-	start, completion *metav1.Time
+	// start and completion are the rollout's start and completion times,
+	// canaryPassed when its canary passed.
+	start, completion, canaryPassed *metav1.Time
 	// plan is what the rollout would do (dry run only).
 	plan *v1alpha1.RolloutPlan
 	effects

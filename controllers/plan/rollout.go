@@ -89,6 +89,9 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 	if canaryPassed && members > 0 && prevReason == ReasonCanary {
 		o.event(false, EventCanaryPassed, "", fmt.Sprintf("the canary (%d nodes) runs %s", members, p.cfg.Spec.Mode))
 	}
+	if canaryPassed && members > 0 && k > 0 {
+		o.canaryPassed = p.canaryPassedTime(prevSame)
+	}
 
 	canaryLeft := 0
 	if !canaryPassed {
@@ -104,12 +107,8 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 	case !canaryPassed:
 		o.stage, limit = ReasonCanary, canaryLeft
 		o.stageMsg = fmt.Sprintf("canary: %d of %d nodes moving to %s", members, kEff, p.cfg.Spec.Mode)
-	case p.pol.pause > 0 && k > 0 && len(pf.eligible) > 0 && members <= kEff && prevReason != ReasonRollingOut:
-		pauseStart := p.nowT.Time
-		if prevSame && prevProg.Status == metav1.ConditionFalse && (prevProg.Reason == ReasonCanaryPause || prevProg.Reason == ReasonPaused) {
-			pauseStart = prevProg.LastTransitionTime.Time
-		}
-		end := pauseStart.Add(p.pol.pause)
+	case p.pol.pause > 0 && o.canaryPassed != nil && len(pf.eligible) > 0 && members <= kEff && prevReason != ReasonRollingOut:
+		end := o.canaryPassed.Add(p.pol.pause)
 		if p.now.Before(end) {
 			o.stage, limit = ReasonCanaryPause, 0
 			o.stageMsg = fmt.Sprintf("the canary passed; next batch at %s (canary pause %s)", end.UTC().Format(time.RFC3339), p.pol.pause)
@@ -150,6 +149,19 @@ func (p *pass) proceed(start *metav1.Time) outcome {
 		o.stageMsg += fmt.Sprintf("; %d nodes wait for their agent to report (%s)", len(pf.waiting), names(pf.waiting, 5))
 	}
 	return o
+}
+
+// canaryPassedTime is when the canary of the rollout being moved on
+// passed: as the previous status recorded it for the same rollout
+// (prevSame), else now. Kept in the status, the canary pause survives a
+// restart of the operator and counts from the canary's success, not from
+// a pause a person set while the canary was still moving.
+func (p *pass) canaryPassedTime(prevSame bool) *metav1.Time {
+	if prevSame && p.prev.CanaryPassedTime != nil {
+		return p.prev.CanaryPassedTime.DeepCopy()
+	}
+	t := p.nowT
+	return &t
 }
 
 // startNodes writes the target into eligible nodes, within the canary

@@ -286,3 +286,28 @@ func TestRecordPrevious(t *testing.T) {
 		})
 	}
 }
+
+// The canary pause counts from the canary's success, recorded in
+// status.canaryPassedTime: a person who paused while the canary was still
+// switching and resumes a minute after it succeeded does not skip it.
+func TestCanaryPauseCountsFromCanarySuccess(t *testing.T) {
+	s := newSim(t, 4, v1alpha1.ModeNFTables, canary(1, "10m"), maxU(intstr.FromInt32(2)), func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.NodeTimeout = "30m" })
+	s.agents["node-00"].delay = 14 * time.Minute
+	s.steps(2)
+	if s.pns["node-00"].Spec.DesiredMode != v1alpha1.ModeNFTables {
+		t.Fatalf("setup\n%s", s.dump())
+	}
+	s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.Paused = true })
+	s.tick = 10 * time.Second
+	s.run(200, func() bool { return s.pns["node-00"].Status.ActiveMode == v1alpha1.ModeNFTables })
+	succeeded := s.now
+	s.steps(6) // one minute
+	s.edit("pc", func(c *v1alpha1.ProxyConfig) { c.Spec.Rollout.Paused = false })
+	s.run(200, func() bool { return len(s.specLog) > 1 })
+	if d := s.now.Sub(succeeded); d < 10*time.Minute || d > 10*time.Minute+s.tick {
+		t.Errorf("next batch %v started %s after the canary succeeded, want the 10m canary pause", s.specLog[1:], d)
+	}
+	if p := s.cfg("pc").Status.CanaryPassedTime; p == nil || !p.Time.Equal(succeeded) {
+		t.Errorf("status.canaryPassedTime %v, want %s", p, succeeded)
+	}
+}

@@ -40,7 +40,7 @@ func (p *pass) finish(o outcome) Result {
 		st.Selector = p.pol.selector.String()
 	}
 	st.Phase = o.phase
-	st.StartTime, st.CompletionTime = o.start, o.completion
+	st.StartTime, st.CompletionTime, st.CanaryPassedTime = o.start, o.completion, o.canaryPassed
 	st.Plan = o.plan
 	if st.Plan == nil && p.pol.dryRun && o.phase == v1alpha1.RolloutCompleted {
 		st.Plan = &v1alpha1.RolloutPlan{Mode: p.cfg.Spec.Mode, MaxUnavailable: int32(p.maxUnav)} // nothing left to move
