@@ -34,6 +34,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/events"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/healthcheck"
@@ -388,7 +389,17 @@ func unwrapDeleted(o any) any {
 	return o
 }
 
-// localAddrs lists the addresses of the node's namespace.
+// serviceAddressInterfaces are the dummy interfaces IPVS modes bind
+// service addresses to: proxyshift's own and kube-proxy's (still there
+// while the agent takes a node over from kube-proxy's IPVS mode). Their
+// addresses are cluster IPs and the like, local to the kernel but not
+// the node's: counted as node addresses, a nodePortAddresses CIDR that
+// covers the service range would give NodePorts every cluster IP.
+var serviceAddressInterfaces = []string{ipvs.DummyInterface, kubeproxy.IPVSInterface}
+
+// localAddrs lists the addresses of the node's namespace, leaving out
+// those of the serviceAddressInterfaces (as kube-proxy leaves out
+// kube-ipvs0's).
 func localAddrs(ns nsexec.NS) ([]netip.Addr, error) {
 	h := &netlink.Handle{}
 	if nh, ok := ns.Handle(); ok {
@@ -398,12 +409,25 @@ func localAddrs(ns nsexec.NS) ([]netip.Addr, error) {
 		}
 		defer h.Close()
 	}
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	skip := map[int]bool{}
+	for _, l := range links {
+		if slices.Contains(serviceAddressInterfaces, l.Attrs().Name) {
+			skip[l.Attrs().Index] = true
+		}
+	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, err
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
+		if skip[a.LinkIndex] {
+			continue
+		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
 			out = append(out, ip.Unmap())
 		}

@@ -44,12 +44,15 @@ const DefaultMetricsURL = "http://127.0.0.1:10249/metrics"
 // syncedMetric is set by kube-proxy at the end of each successful sync.
 const syncedMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 
-// The names by which the kernel shows kube-proxy's modes: its IPVS
-// mode's dummy interface, its nftables mode's table (ip and ip6), and the
-// chain every Service of its iptables mode hangs off (nat table; its IPVS
-// mode has it too, hence the order in Mode).
+// IPVSInterface is the dummy interface kube-proxy's IPVS mode binds every
+// service address to. Its addresses are Services', never the node's own.
+const IPVSInterface = "kube-ipvs0"
+
+// The names by which the kernel shows kube-proxy's other modes: its
+// nftables mode's table (ip and ip6), and the chain every Service of its
+// iptables mode hangs off (nat table; its IPVS mode has it too, hence the
+// order in Mode).
 const (
-	ipvsLink      = "kube-ipvs0"
 	nftTable      = "kube-proxy"
 	iptablesChain = "KUBE-SERVICES"
 )
@@ -77,10 +80,10 @@ func (n *Node) Mode(ctx context.Context) (v1alpha1.ProxyMode, error) {
 		}
 		defer h.Close()
 	}
-	if _, err := h.LinkByName(ipvsLink); err == nil {
+	if _, err := h.LinkByName(IPVSInterface); err == nil {
 		return v1alpha1.ModeIPVS, nil
 	} else if !errors.As(err, new(netlink.LinkNotFoundError)) {
-		return "", fmt.Errorf("look for %s: %w", ipvsLink, err)
+		return "", fmt.Errorf("look for %s: %w", IPVSInterface, err)
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(n.NS.FD()))
 	if err != nil {
