@@ -132,7 +132,7 @@ func (a *agentState) resolve() error {
 	if err != nil {
 		return err
 	}
-	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
+	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, PrimaryIPs: PrimaryIPs(node), ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
 	if s.MasqueradeAll != nil {
 		cfg.MasqueradeAll = *s.MasqueradeAll
 	}

@@ -13,8 +13,7 @@ import (
 // NodePortIPs resolves nodePortAddresses to the node addresses NodePorts
 // answer on. An empty spec means every local address and yields nil (the
 // backends then match any local destination). "primary" yields the node's
-// InternalIP of each family from its Node object; CIDRs yield the local
-// addresses inside them.
+// PrimaryIPs; CIDRs yield the local addresses inside them.
 func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.Addr, error) {
 	if len(spec) == 0 {
 		return nil, nil
@@ -23,21 +22,9 @@ func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.
 		if node == nil {
 			return nil, fmt.Errorf("nodePortAddresses is %q but this node's Node object is not known", v1alpha1.NodePortAddressPrimary)
 		}
-		var ips []netip.Addr
-		seen := map[bool]bool{} // by is-IPv4
-		for _, a := range node.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP {
-				continue
-			}
-			ip, err := netip.ParseAddr(a.Address)
-			if err != nil || seen[ip.Is4()] {
-				continue
-			}
-			seen[ip.Is4()] = true
-			ips = append(ips, ip.Unmap())
-		}
+		ips := PrimaryIPs(node)
 		if len(ips) == 0 {
-			return nil, fmt.Errorf("nodePortAddresses is %q but Node %s has no InternalIP", v1alpha1.NodePortAddressPrimary, node.Name)
+			return nil, fmt.Errorf("nodePortAddresses is %q but Node %s has no InternalIP or ExternalIP", v1alpha1.NodePortAddressPrimary, node.Name)
 		}
 		return ips, nil
 	}
@@ -56,6 +43,33 @@ func NodePortIPs(spec []string, node *corev1.Node, local []netip.Addr) ([]netip.
 	}
 	slices.SortFunc(ips, netip.Addr.Compare)
 	return ips, nil
+}
+
+// PrimaryIPs are the node's primary addresses from its Node object, one
+// per family: the family's first InternalIP, else its first ExternalIP.
+// These are kube-proxy's node IPs (GetNodeHostIPs), which it uses for
+// nodePortAddresses "primary" and to tell whether a
+// loadBalancerSourceRange holds the node. None for a nil node.
+func PrimaryIPs(node *corev1.Node) []netip.Addr {
+	if node == nil {
+		return nil
+	}
+	var ips []netip.Addr
+	seen := map[bool]bool{} // by is-IPv4
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != t {
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil || seen[ip.Unmap().Is4()] {
+				continue
+			}
+			seen[ip.Unmap().Is4()] = true
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	return ips
 }
 
 // ValidNodePortAddresses checks nodePortAddresses as given to the agent's

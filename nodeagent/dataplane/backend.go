@@ -20,6 +20,11 @@ type NodeConfig struct {
 	// NodeIPs are the node's addresses NodePorts answer on, already
 	// filtered by nodePortAddresses.
 	NodeIPs []netip.Addr
+	// PrimaryIPs are the node's primary address of each family, known
+	// whatever nodePortAddresses says (kube-proxy's node IPs). A
+	// loadBalancerSourceRange that holds the family's one also allows the
+	// load-balancer IPs as sources (see Firewall.AllowIPs).
+	PrimaryIPs []netip.Addr
 	// ClusterCIDRs are the pod networks; traffic to a service from outside
 	// them is masqueraded.
 	ClusterCIDRs []netip.Prefix

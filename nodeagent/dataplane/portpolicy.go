@@ -34,6 +34,9 @@ type NodePolicy struct {
 	// NodePortsAnyLocal says NodeConfig.NodeIPs is empty, so NodePorts
 	// answer on every local address of the node except Loopback.
 	NodePortsAnyLocal bool
+	// PrimaryIP is the family's NodeConfig.PrimaryIPs, unmapped; invalid
+	// when it is not known.
+	PrimaryIP netip.Addr
 	// Loopback is the family's loopback range. NodePorts do not answer on
 	// it unless LocalhostNodePorts: a packet to it cannot be DNATed to
 	// another host without the route_localnet sysctl, so kube-proxy's
@@ -70,6 +73,9 @@ func NewNodePolicy(cfg NodeConfig, family corev1.IPFamily) NodePolicy {
 		if n.InFamily(ip) && !n.Loopback.Contains(ip.Unmap()) {
 			n.NodePortIPs = append(n.NodePortIPs, ip.Unmap())
 		}
+	}
+	if i := slices.IndexFunc(cfg.PrimaryIPs, n.InFamily); i >= 0 {
+		n.PrimaryIP = cfg.PrimaryIPs[i].Unmap()
 	}
 	slices.SortFunc(n.NodePortIPs, netip.Addr.Compare)
 	n.NodePortIPs = slices.Compact(n.NodePortIPs)
@@ -207,9 +213,10 @@ type Firewall struct {
 	// SourceRanges are the allowed source ranges of the family.
 	SourceRanges []netip.Prefix
 	// AllowIPs also allows packets whose source is one of IPs. It is set
-	// when a range holds one of NodePolicy.NodePortIPs: a load balancer
-	// that delivers its VIP locally makes this node's own requests to the
-	// VIP arrive from the VIP.
+	// when a range holds NodePolicy.PrimaryIP, as in kube-proxy (whatever
+	// nodePortAddresses says): a load balancer that delivers its VIP
+	// locally makes this node's own requests to the VIP arrive from the
+	// VIP.
 	AllowIPs bool
 }
 
@@ -362,7 +369,7 @@ func (n *NodePolicy) firewall(sp *model.ServicePort) *Firewall {
 	for _, r := range sp.LoadBalancerSourceRanges {
 		if r, ok := model.UnmapPrefix(r); ok && n.InFamily(r.Addr()) {
 			fw.SourceRanges = append(fw.SourceRanges, r)
-			fw.AllowIPs = fw.AllowIPs || slices.ContainsFunc(n.NodePortIPs, r.Contains)
+			fw.AllowIPs = fw.AllowIPs || r.Contains(n.PrimaryIP)
 		}
 	}
 	if len(fw.IPs) == 0 || len(fw.SourceRanges) == 0 {

@@ -41,6 +41,13 @@ func TestNewNodePolicy(t *testing.T) {
 			want:   NodePolicy{Family: corev1.IPv6Protocol, Loopback: p("::1/128"), MasqueradeMark: 1 << 31},
 		},
 		{
+			name:   "the primary IP of the family, unmapped",
+			cfg:    NodeConfig{PrimaryIPs: []netip.Addr{a("2001:db8::1"), a("::ffff:192.168.1.10")}},
+			family: corev1.IPv4Protocol,
+			want: NodePolicy{Family: corev1.IPv4Protocol, NodePortsAnyLocal: true, PrimaryIP: a("192.168.1.10"),
+				Loopback: p("127.0.0.0/8"), MasqueradeMark: 1},
+		},
+		{
 			name: "cluster CIDRs masked, sorted, contained ones dropped",
 			cfg: NodeConfig{ClusterCIDRs: []netip.Prefix{p("10.245.0.0/16"), p("10.244.1.7/24"), p("fd00::/56"), p("10.244.0.0/16"), {}},
 				MasqueradeAll: true, MasqueradeBit: 14},
@@ -90,6 +97,7 @@ func TestPortPolicy(t *testing.T) {
 	node := NodeConfig{
 		NodeName:      "node-a",
 		NodeIPs:       []netip.Addr{a("192.168.1.10")},
+		PrimaryIPs:    []netip.Addr{a("192.168.1.10"), a("2001:db8::10")},
 		ClusterCIDRs:  []netip.Prefix{p("10.244.0.0/16")},
 		MasqueradeBit: 14,
 	}
@@ -99,6 +107,12 @@ func TestPortPolicy(t *testing.T) {
 	masqAll.MasqueradeAll = true
 	anyLocal := node
 	anyLocal.NodeIPs = nil
+	// secondNodePortIP answers NodePorts on an address that is not the
+	// node's primary one.
+	secondNodePortIP := node
+	secondNodePortIP.NodeIPs = []netip.Addr{a("192.168.1.10"), a("192.168.2.10")}
+	primaryUnknown := node
+	primaryUnknown.PrimaryIPs = nil
 
 	cip := a("10.96.0.10")
 	port := func(opts ...func(*model.ServicePort)) *model.ServicePort {
@@ -259,7 +273,7 @@ func TestPortPolicy(t *testing.T) {
 				Cluster:  []model.Endpoint{remote}},
 		},
 		{
-			name: "source range holding a node IP allows the load-balancer IPs as sources",
+			name: "source range holding the node's primary IP allows the load-balancer IPs as sources",
 			cfg:  node,
 			sp:   port(lbIP, ranges("203.0.113.0/24", "192.168.1.0/24"), eps(remote)),
 			want: PortPolicy{ClusterIP: cip, Internal: TargetCluster, InternalMasquerade: outside,
@@ -268,8 +282,30 @@ func TestPortPolicy(t *testing.T) {
 				Cluster:  []model.Endpoint{remote}},
 		},
 		{
-			name: "source ranges without NodeIPs: no node address is known to be in range",
+			// The default nodePortAddresses: kube-proxy knows its node IP
+			// all the same, and so does the agent.
+			name: "source range holding the primary IP with NodePorts on any local address allows the load-balancer IPs",
 			cfg:  anyLocal,
+			sp:   port(lbIP, ranges("192.168.1.0/24"), eps(remote)),
+			want: PortPolicy{ClusterIP: cip, Internal: TargetCluster, InternalMasquerade: outside,
+				ExternalAddrs: []netip.Addr{a("198.18.100.1")}, External: etpCluster,
+				Firewall: &Firewall{IPs: []netip.Addr{a("198.18.100.1")}, SourceRanges: []netip.Prefix{p("192.168.1.0/24")}, AllowIPs: true},
+				Cluster:  []model.Endpoint{remote}},
+		},
+		{
+			// kube-proxy looks at its node IP alone, never at
+			// nodePortAddresses.
+			name: "source range holding a NodePort address that is not the primary IP",
+			cfg:  secondNodePortIP,
+			sp:   port(lbIP, ranges("192.168.2.0/24"), eps(remote)),
+			want: PortPolicy{ClusterIP: cip, Internal: TargetCluster, InternalMasquerade: outside,
+				ExternalAddrs: []netip.Addr{a("198.18.100.1")}, External: etpCluster,
+				Firewall: &Firewall{IPs: []netip.Addr{a("198.18.100.1")}, SourceRanges: []netip.Prefix{p("192.168.2.0/24")}},
+				Cluster:  []model.Endpoint{remote}},
+		},
+		{
+			name: "source ranges with the primary IP unknown",
+			cfg:  primaryUnknown,
 			sp:   port(lbIP, ranges("192.168.1.0/24"), eps(remote)),
 			want: PortPolicy{ClusterIP: cip, Internal: TargetCluster, InternalMasquerade: outside,
 				ExternalAddrs: []netip.Addr{a("198.18.100.1")}, External: etpCluster,

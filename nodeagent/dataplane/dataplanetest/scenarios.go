@@ -23,9 +23,11 @@ type Scenario struct {
 // The nodes the scenarios render for.
 var (
 	// Node is the configuration most scenarios render for: pod networks
-	// in both families, NodePorts on every local address.
+	// in both families, NodePorts on every local address, a primary
+	// address in each family.
 	Node = dataplane.NodeConfig{
 		NodeName:      "node-a",
+		PrimaryIPs:    Addrs("192.168.1.10", "2001:db8::10"),
 		ClusterCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")},
 		MasqueradeBit: 14,
 	}
