@@ -198,6 +198,12 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	if opts.StatusSyncInterval > 0 {
 		reporter.SyncEvery = opts.StatusSyncInterval
 	}
+	if pnInformer != nil {
+		// A ProxyNode deleted and recreated gets the whole status at once.
+		if _, err := pnInformer.AddEventHandler(reporter.Follow()); err != nil {
+			return err
+		}
+	}
 	go reporter.Run(ctx)
 
 	factory.Start(ctx.Done())

@@ -55,22 +55,27 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 // API server is believed to hold; nil if nothing) to status. A field
 // status no longer has is sent as null, so it is cleared: a plain merge
 // patch of the new status would leave it as it was (the fields are
-// omitempty).
-func (c *Client) PatchStatus(ctx context.Context, name string, prev, status *v1alpha1.ProxyNodeStatus) error {
+// omitempty). It returns the UID of the ProxyNode patched: a ProxyNode
+// deleted and recreated under the same name does not hold prev.
+func (c *Client) PatchStatus(ctx context.Context, name string, prev, status *v1alpha1.ProxyNodeStatus) (types.UID, error) {
 	body, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
-		return err
+		return "", err
 	}
 	if prev != nil {
 		old, err := json.Marshal(map[string]any{"status": prev})
 		if err != nil {
-			return err
+			return "", err
 		}
 		if body, err = jsonpatch.CreateMergePatch(old, body); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return c.rc.Patch(types.MergePatchType).Resource("proxynodes").Name(name).SubResource("status").Body(body).Do(ctx).Error()
+	patched := &v1alpha1.ProxyNode{}
+	if err := c.rc.Patch(types.MergePatchType).Resource("proxynodes").Name(name).SubResource("status").Body(body).Do(ctx).Into(patched); err != nil {
+		return "", err
+	}
+	return patched.UID, nil
 }
 
 // ListWatch lists and watches the one ProxyNode named name, for an

@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/contract"
@@ -79,8 +81,12 @@ type Reporter struct {
 	problem problem
 	written *v1alpha1.ProxyNodeStatus
 	base    *v1alpha1.ProxyNodeStatus // status as read at start
-	lastAt  time.Time
-	kick    chan struct{}
+	// uid is the ProxyNode written and base are the status of ("" not
+	// known). A ProxyNode recreated under the same name has a new UID and
+	// none of that status.
+	uid    types.UID
+	lastAt time.Time
+	kick   chan struct{}
 }
 
 // New returns a Reporter for node. c may be nil: then nothing is written
@@ -97,12 +103,62 @@ func (r *Reporter) Seed(pn *v1alpha1.ProxyNode) {
 	defer r.mu.Unlock()
 	r.written = nil
 	if pn == nil {
+		r.uid = ""
 		return
 	}
-	r.base = pn.Status.DeepCopy()
+	r.base, r.uid = pn.Status.DeepCopy(), pn.UID
 	if pn.Status.Kernel != nil && r.kernel == nil {
 		r.kernel = pn.Status.Kernel.DeepCopy()
 	}
+}
+
+// Observe tells the Reporter which ProxyNode the API server holds now
+// (nil: none), as an informer sees it. A ProxyNode other than the one the
+// Reporter wrote to (deleted, or recreated with a new UID) has none of
+// the status written: the Reporter forgets it and writes the whole
+// status at once. Waiting would not do: a status that does not change is
+// not written again, and a change is sent as a difference from the status
+// the old ProxyNode held.
+func (r *Reporter) Observe(pn *v1alpha1.ProxyNode) {
+	var uid types.UID
+	if pn != nil {
+		uid = pn.UID
+	}
+	r.mu.Lock()
+	if uid == r.uid {
+		r.mu.Unlock()
+		return
+	}
+	// A ProxyNode gone takes no write. Nothing written or read before (an
+	// agent starting) is nothing the new one lacks: the status is written
+	// when there is one.
+	tell := uid != "" && (r.written != nil || r.base != nil || !r.lastAt.IsZero())
+	r.forget(uid)
+	r.mu.Unlock()
+	if tell {
+		r.signal()
+	}
+}
+
+// Follow is the event handler that tells the Reporter of every change of
+// its ProxyNode an informer sees (Observe).
+func (r *Reporter) Follow() cache.ResourceEventHandler {
+	observe := func(obj any) {
+		pn, _ := obj.(*v1alpha1.ProxyNode)
+		r.Observe(pn)
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    observe,
+		UpdateFunc: func(_, obj any) { observe(obj) },
+		DeleteFunc: func(any) { r.Observe(nil) },
+	}
+}
+
+// forget drops what the Reporter believes its ProxyNode holds; that
+// ProxyNode is now the one with uid ("" none). The next write sends the
+// whole status. r.mu is held.
+func (r *Reporter) forget(uid types.UID) {
+	r.written, r.base, r.uid = nil, nil, uid
 }
 
 // SetProblem makes Degraded true with reason and message, whatever the
@@ -341,6 +397,7 @@ func (r *Reporter) write(ctx context.Context, force bool) error {
 	if prev == nil {
 		prev = r.base
 	}
+	started := r.uid
 	due := force || time.Since(r.lastAt) >= r.SyncEvery
 	r.mu.Unlock()
 	if written != nil {
@@ -351,14 +408,57 @@ func (r *Reporter) write(ctx context.Context, force bool) error {
 			return nil
 		}
 	}
-	if err := r.c.PatchStatus(ctx, r.node, prev, &st); err != nil {
+	patched, err := r.c.PatchStatus(ctx, r.node, prev, &st)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			// Whatever ProxyNode comes next holds none of it.
+			r.forget("")
+		}
 		return err
 	}
-	r.mu.Lock()
-	r.written = &st
-	r.lastAt = time.Now()
-	r.mu.Unlock()
+	switch judgeWrite(started, patched, r.uid) {
+	case writeRecorded:
+		r.written, r.uid = &st, patched
+		r.lastAt = time.Now()
+	case writeLandedElsewhere:
+		r.forget(patched)
+		r.signal()
+	case writeOutdated:
+		r.signal()
+	}
 	return nil
+}
+
+// writeOutcome is what a write the API server took tells the Reporter.
+type writeOutcome int
+
+const (
+	// writeRecorded: the ProxyNode holds the status written.
+	writeRecorded writeOutcome = iota
+	// writeLandedElsewhere: the difference from one ProxyNode's status
+	// was applied to another (recreated) ProxyNode, which holds only a
+	// part of the status.
+	writeLandedElsewhere
+	// writeOutdated: while the write was under way the Reporter learned
+	// of another ProxyNode (Observe), and forgot the status for it; that
+	// stands.
+	writeOutdated
+)
+
+// judgeWrite judges a write that started believing the ProxyNode was the
+// one with UID started ("" not known: the whole status was sent), that
+// patched the one with UID patched, and after which the Reporter believes
+// it is the one with UID now.
+func judgeWrite(started, patched, now types.UID) writeOutcome {
+	switch {
+	case started != "" && patched != started:
+		return writeLandedElsewhere
+	case now != started && now != patched:
+		return writeOutdated
+	}
+	return writeRecorded
 }
 
 // sameButSyncTime says whether a and b differ only in the last sync's

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
@@ -77,6 +78,49 @@ func TestSameButSyncTime(t *testing.T) {
 	b.Phase = v1alpha1.NodeFailed
 	if sameButSyncTime(a, b) {
 		t.Error("the phase differs")
+	}
+}
+
+// TestJudgeWrite: a write holds the status written only if it patched
+// the ProxyNode it took the difference from and the Reporter has not
+// learned of another one since.
+func TestJudgeWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		started, patched, now types.UID
+		want                  writeOutcome
+	}{
+		{"the same ProxyNode throughout", "a", "a", "a", writeRecorded},
+		{"the whole status to the first one known", "", "a", "", writeRecorded},
+		{"the whole status to the one just observed", "", "b", "b", writeRecorded},
+		{"a difference applied to a recreated one", "a", "b", "a", writeLandedElsewhere},
+		{"a difference applied to a recreated one already observed", "a", "b", "b", writeLandedElsewhere},
+		{"the old one patched, then observed recreated", "a", "a", "b", writeOutdated},
+		{"the old one patched, then observed gone", "a", "a", "", writeOutdated},
+		{"the whole status, while another one was observed", "", "b", "c", writeOutdated},
+	} {
+		if got := judgeWrite(tc.started, tc.patched, tc.now); got != tc.want {
+			t.Errorf("%s: judgeWrite(%q, %q, %q) = %d, want %d", tc.name, tc.started, tc.patched, tc.now, got, tc.want)
+		}
+	}
+}
+
+// TestObserveForgetsAnotherProxyNodesStatus: the status read from one
+// ProxyNode is not built on for another of the same name.
+func TestObserveForgetsAnotherProxyNodesStatus(t *testing.T) {
+	r := New(nil, "n")
+	old := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: "n", UID: "a"}, Status: v1alpha1.ProxyNodeStatus{
+		ObservedConfig: &v1alpha1.ConfigReference{Name: "cluster", Generation: 3},
+	}}
+	r.Seed(old)
+	r.Observe(old)
+	if r.Status().ObservedConfig == nil {
+		t.Fatal("the same ProxyNode observed: the status read from it is forgotten")
+	}
+	recreated := &v1alpha1.ProxyNode{ObjectMeta: metav1.ObjectMeta{Name: "n", UID: "b"}}
+	r.Observe(recreated)
+	if got := r.Status().ObservedConfig; got != nil {
+		t.Errorf("a recreated ProxyNode observed: the old one's observedConfig %+v is still built on", got)
 	}
 }
 
