@@ -186,7 +186,8 @@ func without(ms []v1alpha1.ProxyMode, m v1alpha1.ProxyMode) []v1alpha1.ProxyMode
 //     other case starts a switch, without removing anything first.
 //   - A desire that failed (Held) is not tried again: the mode that
 //     serves keeps serving, and leftovers of the failed target found at
-//     start are rolled back.
+//     start are rolled back, unless only kube-proxy's stale leftovers
+//     (kube-proxy stopped) could take over: then the target stays.
 func Next(s State, in Input, r Result) (State, Step) {
 	present := slices.Clone(in.Present)
 	slices.SortFunc(present, func(a, b v1alpha1.ProxyMode) int { return rank[a] - rank[b] })
@@ -272,13 +273,25 @@ func Next(s State, in Input, r Result) (State, Step) {
 	}
 
 	if in.Held {
-		others := without(present, in.Desired)
+		// What can serve: kube-proxy's objects only while kube-proxy runs
+		// to keep them up to date. Stopped, they are stale leftovers a
+		// failure never goes back to (see the switching branch); a
+		// restarted agent must decide as the one that failed did.
+		candidates := present
+		if in.KubeProxyStopped {
+			candidates = without(present, v1alpha1.ModeKubeProxy)
+		}
 		serving := s.Target
-		if s.Phase == "" || serving == "" || !slices.Contains(present, serving) {
-			serving = Serving(others)
+		if s.Phase == "" || !slices.Contains(candidates, serving) {
+			serving = Serving(without(candidates, in.Desired))
 		}
 		if serving == "" {
 			// Nothing else could serve: the failed target stays.
+			serving = Serving(candidates)
+		}
+		if serving == "" {
+			// Nothing of proxyshift's is left: kube-proxy's leftovers,
+			// if any, are what the kernel holds.
 			serving = Serving(present)
 		}
 		next := State{Phase: v1alpha1.NodeFailed, Target: serving}

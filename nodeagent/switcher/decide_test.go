@@ -235,6 +235,26 @@ func TestNext(t *testing.T) {
 			wantStep: Step{Action: Rollback, Mode: nft, Restore: ipt},
 		},
 		{
+			name:     "held failure at start keeps the target over kube-proxy's stale leftovers",
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, Held: true, KubeProxyStopped: true},
+			want:     State{Phase: v1alpha1.NodeFailed, Target: nft},
+			wantStep: Step{Action: Serve, Mode: nft},
+		},
+		{
+			name:     "held failure at start goes back to kube-proxy while it runs",
+			in:       Input{Desired: nft, Present: []v1alpha1.ProxyMode{nft, kp}, Held: true},
+			want:     State{Phase: v1alpha1.NodeFailed, Target: kp},
+			wantStep: Step{Action: Rollback, Mode: nft, Restore: kp},
+		},
+		{
+			name:     "held failure back to kube-proxy that has stopped since keeps the target",
+			s:        State{Phase: v1alpha1.NodeFailed, Target: kp},
+			in:       Input{Desired: ipvs, Present: []v1alpha1.ProxyMode{ipvs, kp}, Held: true, KubeProxyStopped: true},
+			r:        Succeeded,
+			want:     State{Phase: v1alpha1.NodeFailed, Target: ipvs},
+			wantStep: Step{Action: Serve, Mode: ipvs},
+		},
+		{
 			name:     "desire changed in the middle of a switch starts over toward it",
 			s:        State{Phase: v1alpha1.NodeProgramming, Target: nft, Previous: ipt},
 			in:       Input{Desired: ipt, Present: []v1alpha1.ProxyMode{ipt, nft}},
@@ -419,6 +439,73 @@ func TestFailureInEveryPhaseLeavesTheOldModeServing(t *testing.T) {
 					s2, step := Next(s, in(), None)
 					if s2.Phase != v1alpha1.NodePreparing || step.Action != Prepare || s2.Previous != from {
 						t.Errorf("after the spec changed: %+v %+v; want a new switch from %s", s2, step, from)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestRestartWhileHeldKeepsWhatTheRunningAgentServes fails each switch,
+// from each mode, from nothing and from kube-proxy (running, or stopped
+// with its rules left behind), in each phase, then restarts the agent
+// while the failure is held: its first decision, from nothing but what
+// the kernel holds, must keep serving the mode the running agent kept
+// serving, and remove nothing of it. (A restart after a takeover with
+// kube-proxy stopped used to roll the target back to kube-proxy's stale
+// rules, which nothing updates.)
+func TestRestartWhileHeldKeepsWhatTheRunningAgentServes(t *testing.T) {
+	type origin struct {
+		name    string
+		present []v1alpha1.ProxyMode
+		state   State
+		stopped bool
+	}
+	origins := []origin{
+		{name: "none"},
+		{name: "kube-proxy", present: []v1alpha1.ProxyMode{kp}, state: State{Phase: v1alpha1.NodeIdle, Target: kp}},
+		{name: "kube-proxy-stopped", present: []v1alpha1.ProxyMode{kp}, state: State{Phase: v1alpha1.NodeIdle, Target: kp}, stopped: true},
+	}
+	for _, m := range allModes {
+		origins = append(origins, origin{name: string(m), present: []v1alpha1.ProxyMode{m}, state: State{Phase: v1alpha1.NodeActive, Target: m}})
+		origins = append(origins, origin{name: string(m) + "-and-kube-proxy-stopped", present: []v1alpha1.ProxyMode{m, kp}, state: State{Phase: v1alpha1.NodeActive, Target: m}, stopped: true})
+	}
+	for _, from := range origins {
+		for _, to := range allModes {
+			if from.state.Target == to {
+				continue
+			}
+			for _, failAt := range []v1alpha1.NodePhase{v1alpha1.NodePreparing, v1alpha1.NodeProgramming, v1alpha1.NodeVerifying, v1alpha1.NodeCleaningUp} {
+				if failAt == v1alpha1.NodeCleaningUp && slices.Contains(from.present, kp) && !from.stopped {
+					continue // a takeover waits for kube-proxy to leave first
+				}
+				t.Run(fmt.Sprintf("%s-to-%s-fails-in-%s", from.name, to, failAt), func(t *testing.T) {
+					w := &world{servedAlways: true, present: slices.Clone(from.present)}
+					held := false
+					in := func() Input {
+						return Input{Desired: to, Present: slices.Clone(w.present), Held: held, KubeProxyStopped: from.stopped}
+					}
+					s, r := from.state, None
+					for range 30 {
+						var step Step
+						s, step = Next(s, in(), r)
+						r = w.apply(s, step, failAt)
+						held = held || r == Failed
+						if step.Action == Serve || step.Action == Wait {
+							break
+						}
+					}
+					if s.Phase != v1alpha1.NodeFailed {
+						t.Fatalf("the switch did not fail: %+v (steps %v)", s, w.log)
+					}
+					kernel := slices.Clone(w.present)
+					restarted, step := Next(State{}, in(), None)
+					w.apply(restarted, step, "")
+					if restarted.Target != s.Target {
+						t.Errorf("with %v in the kernel, the running agent serves %s, a restarted one %s (%+v)", kernel, orNone(s.Target), orNone(restarted.Target), step)
+					}
+					if s.Target != "" && !w.has(s.Target) {
+						t.Errorf("a restart removed %s, which the running agent kept serving: %+v left %v", s.Target, step, w.present)
 					}
 				})
 			}
