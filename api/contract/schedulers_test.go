@@ -87,10 +87,11 @@ func TestCRDEnumsAreTheContract(t *testing.T) {
 	for _, c := range []struct {
 		file   string
 		modes  []string // the fields of type ProxyMode
-		places int      // how many scheduler fields (one per version)
+		places int      // how many scheduler fields (one per ProxySettings)
 	}{
 		{"network.proxyshift.io_proxyconfigs.yaml", []string{"mode", "targetMode"}, 1},
-		{"network.proxyshift.io_proxynodes.yaml", []string{"desiredMode", "activeMode"}, 1},
+		// spec.settings and status.activeSettings
+		{"network.proxyshift.io_proxynodes.yaml", []string{"desiredMode", "activeMode"}, 2},
 	} {
 		fields := crdFields(t, c.file, append([]string{"scheduler"}, c.modes...)...)
 		for _, f := range c.modes {

@@ -167,6 +167,15 @@ type ProxyNodeStatus struct {
 	// +optional
 	ActiveMode ProxyMode `json:"activeMode,omitempty"`
 
+	// ActiveSettings are the settings (a spec.settings) activeMode runs
+	// with: those it was last built with, kept when a later change of
+	// them fails and is rolled back. A restarted agent builds the mode
+	// from them while that failure is held, so settings that failed
+	// verification are never programmed unverified. Absent when no mode
+	// of proxyshift's serves.
+	// +optional
+	ActiveSettings *ProxySettings `json:"activeSettings,omitempty"`
+
 	// KubeProxyMode is the mode of the kube-proxy objects the kernel
 	// holds (iptables, nftables or ipvs), whether kube-proxy runs or left
 	// them behind; empty when there are none.

@@ -20,7 +20,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -229,19 +228,9 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 		return nil
 	}
 
-	// A switch that failed for the ProxyNode's current generation, as the
-	// previous agent reported it, is not retried until the spec changes;
-	// one that was interrupted is finished.
 	startPN := a.proxyNode()
 	reporter.Seed(startPN)
-	if startPN != nil {
-		st := startPN.Status
-		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == startPN.Generation {
-			a.heldGen, a.held = startPN.Generation, true
-			a.heldReason, a.heldMessage = c.Reason, c.Message
-		}
-		a.resume = switcher.Switching(st.Phase)
-	}
+	a.readPrevious(startPN)
 	if !a.resolveFirst(ctx, reporter, hs) {
 		return nil
 	}

@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -42,7 +44,14 @@ type agentState struct {
 	held                    bool
 	heldGen                 int64
 	heldReason, heldMessage string
-	resume                  bool
+	// heldMode and heldSettings are the mode that served when the
+	// previous agent reported the failure and the settings it ran with
+	// (status.activeMode, status.activeSettings; nil unknown): while the
+	// failure is held, backends are built from them, not from the spec
+	// whose change failed.
+	heldMode     v1alpha1.ProxyMode
+	heldSettings *v1alpha1.ProxySettings
+	resume       bool
 
 	mu  sync.Mutex
 	cur *effective
@@ -85,6 +94,23 @@ func (a *agentState) node() *corev1.Node {
 	return n
 }
 
+// readPrevious reads what the previous agent reported in pn's status (nil:
+// nothing). A switch that failed for pn's current generation is not
+// retried until the spec changes, and the mode that served keeps the
+// settings it ran with meanwhile; one that was interrupted is finished.
+func (a *agentState) readPrevious(pn *v1alpha1.ProxyNode) {
+	if pn == nil {
+		return
+	}
+	st := pn.Status
+	if c := meta.FindStatusCondition(st.Conditions, contract.ConditionDegraded); st.Phase == v1alpha1.NodeFailed && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == pn.Generation {
+		a.heldGen, a.held = pn.Generation, true
+		a.heldReason, a.heldMessage = c.Reason, c.Message
+		a.heldMode, a.heldSettings = st.ActiveMode, st.ActiveSettings.DeepCopy()
+	}
+	a.resume = switcher.Switching(st.Phase)
+}
+
 // resolve computes the effective desire from the ProxyNode, falling back
 // to the flags for everything it does not set.
 func (a *agentState) resolve() error {
@@ -104,7 +130,16 @@ func (a *agentState) resolve() error {
 			settings = *pn.Spec.Settings.DeepCopy()
 		}
 	}
-	s, err := contract.Interpret(mode, &settings)
+	held := a.held && gen == a.heldGen
+	// What the backends are built with, and the mode it is read for.
+	built, builtFor := settings, mode
+	if held && a.heldSettings != nil {
+		// The change to this spec failed and was rolled back: the mode
+		// that serves keeps the settings it ran with, also across a
+		// restart, until the spec changes.
+		built, builtFor = *a.heldSettings.DeepCopy(), a.heldMode
+	}
+	s, err := contract.Interpret(builtFor, &built)
 	if err != nil {
 		return err
 	}
@@ -151,15 +186,15 @@ func (a *agentState) resolve() error {
 		Mode any
 	}{cfg, s.Section})
 	d := switcher.Desire{
-		Mode: mode, Key: string(key), Scheduler: s.Scheduler, Config: ref, Generation: gen,
-		Held: a.held && gen == a.heldGen, Resume: a.resume,
+		Mode: mode, Key: string(key), Settings: built.DeepCopy(), Scheduler: s.Scheduler, Config: ref, Generation: gen,
+		Held: held, Resume: a.resume,
 		KubeProxyStopped: stopped, Default: byFlag,
 	}
 	if d.Held {
 		d.HeldReason, d.HeldMessage = a.heldReason, a.heldMessage
 	}
 	a.mu.Lock()
-	a.cur = &effective{desire: d, cfg: cfg, settings: settings, sync: sc}
+	a.cur = &effective{desire: d, cfg: cfg, settings: built, sync: sc}
 	a.mu.Unlock()
 	return nil
 }

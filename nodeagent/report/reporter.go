@@ -37,6 +37,9 @@ type Switch struct {
 	Generation int64
 	// Reason and Message say why the switch failed (Phase Failed).
 	Reason, Message string
+	// Settings are the settings Active runs with (status.activeSettings;
+	// nil when nothing of proxyshift's serves, or they are not known).
+	Settings *v1alpha1.ProxySettings
 	// KubeProxyMode is the mode of kube-proxy's objects in the kernel
 	// ("" none).
 	KubeProxyMode v1alpha1.ProxyMode
@@ -245,6 +248,7 @@ func (r *Reporter) build() v1alpha1.ProxyNodeStatus {
 	if sw.Phase != "" {
 		st.Phase = sw.Phase
 		st.ActiveMode = sw.Active
+		st.ActiveSettings = sw.Settings.DeepCopy()
 		st.KubeProxyMode = sw.KubeProxyMode
 		if sw.Phase == v1alpha1.NodeActive || sw.Phase == v1alpha1.NodeFailed {
 			st.ObservedConfig = sw.Config.DeepCopy()

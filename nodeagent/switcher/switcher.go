@@ -27,6 +27,10 @@ type Desire struct {
 	// Key identifies the effective settings the backends are built with;
 	// a changed Key for the serving mode reconfigures it in place.
 	Key string
+	// Settings are the settings Key comes from, as the ProxyNode gives
+	// them: reported (status.activeSettings) while an instance built with
+	// Key serves, so that a restart can build the mode the same way.
+	Settings *v1alpha1.ProxySettings
 	// Scheduler is the IPVS scheduler (for preparing ipvs mode).
 	Scheduler v1alpha1.IPVSScheduler
 	// Config and Generation identify the spec (echoed in status).
@@ -130,8 +134,13 @@ type Switcher struct {
 	// baselineSet says a baseline was taken (nil baseline then means
 	// nothing answered through the old mode).
 	baselineSet bool
-	// replaced is the instance a reconfiguration replaced, for rollback.
-	replaced dataplane.Backend
+	// replaced is the instance a reconfiguration replaced, for rollback,
+	// and replacedKey the key it was built with.
+	replaced    dataplane.Backend
+	replacedKey string
+	// settings are the Settings of each Key given in a desire that an
+	// instance may have been built with (see activeSettings).
+	settings map[string]*v1alpha1.ProxySettings
 	// kubeProxyMode is the mode of kube-proxy's objects at the last
 	// decision, for the report.
 	kubeProxyMode v1alpha1.ProxyMode
@@ -148,7 +157,7 @@ func New(cfg Config, d Desire) *Switcher {
 	if cfg.KubeProxyPoll == 0 {
 		cfg.KubeProxyPoll = 2 * time.Second
 	}
-	return &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1)}
+	return &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1), settings: map[string]*v1alpha1.ProxySettings{d.Key: d.Settings}}
 }
 
 // SetDesire changes what the node is asked to run.
@@ -156,6 +165,7 @@ func (s *Switcher) SetDesire(d Desire) {
 	s.mu.Lock()
 	same := sameDesire(s.desire, d)
 	s.desire = d
+	s.settings[d.Key] = d.Settings
 	s.mu.Unlock()
 	if !same {
 		select {
@@ -165,10 +175,12 @@ func (s *Switcher) SetDesire(d Desire) {
 	}
 }
 
-// sameDesire compares desires by value (Config is a pointer).
+// sameDesire compares desires by value (Config and Settings are
+// pointers; Settings are told apart by Key).
 func sameDesire(a, b Desire) bool {
 	ac, bc := a.Config, b.Config
 	a.Config, b.Config = nil, nil
+	a.Settings, b.Settings = nil, nil
 	if a != b || (ac == nil) != (bc == nil) {
 		return false
 	}
@@ -417,6 +429,7 @@ func (s *Switcher) report(ctx context.Context, st State, step Step) {
 	default:
 		r.Active = st.Target
 	}
+	r.Settings = s.activeSettings(r.Active, step)
 	s.mu.Lock()
 	if st.Phase == v1alpha1.NodeFailed && s.failure != nil {
 		r.Reason, r.Message = s.failure.Reason, s.failure.Message
@@ -430,6 +443,44 @@ func (s *Switcher) report(ctx context.Context, st State, step Step) {
 		s.cfg.Report.SetSwitch(r)
 		s.flush(ctx)
 	}
+}
+
+// activeSettings are the settings the instance of active runs with
+// once step is done: a rollback of a reconfiguration puts back the
+// instance it replaced. They are found by the key the instance was built
+// with; nil when active is not a mode of proxyshift's serving, or the key
+// is unknown. Settings of keys no instance or desire has any more are
+// forgotten.
+func (s *Switcher) activeSettings(active v1alpha1.ProxyMode, step Step) *v1alpha1.ProxySettings {
+	if s.cfg.Fanout == nil {
+		return nil
+	}
+	keys := map[string]bool{}
+	var activeKey string
+	var found bool
+	for _, m := range s.cfg.Fanout.Modes() {
+		if _, key, ok := s.cfg.Fanout.Member(m); ok {
+			keys[key] = true
+			if m == active {
+				activeKey, found = key, true
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if step.Action == Rollback && step.Restore == step.Mode && step.Mode == active && s.replaced != nil {
+		activeKey, found = s.replacedKey, true
+	}
+	keys[s.desire.Key], keys[s.decidedBy.Key], keys[s.replacedKey] = true, true, true
+	for k := range s.settings {
+		if !keys[k] {
+			delete(s.settings, k)
+		}
+	}
+	if !found {
+		return nil
+	}
+	return s.settings[activeKey].DeepCopy()
 }
 
 // execute runs one step and says how it went.
@@ -519,7 +570,7 @@ func programmed(mode v1alpha1.ProxyMode) v1alpha1.ProxyMode {
 // leaves the Fanout without a primary.
 func (s *Switcher) serve(ctx context.Context, mode v1alpha1.ProxyMode) error {
 	s.mu.Lock()
-	s.replaced = nil
+	s.replaced, s.replacedKey = nil, ""
 	s.mu.Unlock()
 	if mode == v1alpha1.ModeKubeProxy {
 		s.cfg.Fanout.SetPrimary("")
@@ -622,6 +673,7 @@ func (s *Switcher) program(ctx context.Context, step Step) error {
 	if err != nil {
 		return err
 	}
+	_, oldKey, _ := s.cfg.Fanout.Member(step.Mode)
 	old, err := s.cfg.Fanout.Add(ctx, step.Mode, b, key)
 	if err != nil {
 		return err
@@ -629,7 +681,7 @@ func (s *Switcher) program(ctx context.Context, step Step) error {
 	if old != nil {
 		s.mu.Lock()
 		if s.replaced == nil {
-			s.replaced = old
+			s.replaced, s.replacedKey = old, oldKey
 		}
 		s.mu.Unlock()
 	}
@@ -821,12 +873,13 @@ func (s *Switcher) rollback(ctx context.Context, step Step) error {
 		return s.removeTarget(ctx, step)
 	case step.Restore == step.Mode:
 		s.mu.Lock()
-		old := s.replaced
-		s.replaced = nil
+		old, key := s.replaced, s.replacedKey
+		s.replaced, s.replacedKey = nil, ""
 		s.mu.Unlock()
 		if old != nil {
-			_, key, _ := s.cfg.Fanout.Member(step.Mode)
-			if _, err := s.cfg.Fanout.Add(ctx, step.Mode, old, "restored:"+key); err != nil {
+			// Back with the key of its settings: they serve again, and a
+			// spec that returns to them has nothing to change.
+			if _, err := s.cfg.Fanout.Add(ctx, step.Mode, old, key); err != nil {
 				return err
 			}
 		}

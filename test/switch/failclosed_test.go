@@ -13,6 +13,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
 // moduleFixture writes a modules directory whose modules.builtin lists
@@ -150,4 +151,56 @@ func TestFailClosed(t *testing.T) {
 		w.requireOnly(v1alpha1.ModeNFTables)
 		w.requireTraffic()
 	})
+}
+
+// TestFailedSettingsChangeHeldAcrossRestart changes the settings of the
+// serving iptables mode (one more cluster CIDR) with Verifying failing:
+// the old rules are synced back, status Failed keeps the settings that
+// serve in activeSettings, and an agent restarted while the failure is
+// held programs those, not the spec's that failed (it used to rebuild
+// the mode from the spec and write them unverified with its first sync).
+// A new spec tries the change again.
+func TestFailedSettingsChangeHeldAcrossRestart(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeIPTables)
+	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
+	const extra = "198.19.200.0/24"
+	rule := "-s " + extra + " -j RETURN"
+	a := w.startAgent()
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR}})
+	w.waitActive(v1alpha1.ModeIPTables)
+	a.stop()
+
+	a = w.startAgent("--test-fail-verify")
+	a.waitLog("proxyshift-agent running", 20*time.Second)
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}})
+	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
+		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
+	}
+	w.waitStatus("the old settings reported as active", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
+		s := pn.Status.ActiveSettings
+		return s != nil && slices.Equal(s.ClusterCIDRs, []v1alpha1.CIDR{podCIDR})
+	})
+	for deadline := time.Now().Add(30 * time.Second); strings.Contains(w.iptablesSave(), rule); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the failure the kernel still holds the failed settings' %q", rule)
+		}
+	}
+	a.stop()
+
+	a = w.startAgent()
+	a.waitLog("Synced proxy rules", 30*time.Second) // the first sync, a full one
+	pn := w.proxyNode()
+	if pn.Status.Phase != v1alpha1.NodeFailed {
+		t.Errorf("a restarted agent retried the failed change: %s", statusText(pn))
+	}
+	if strings.Contains(w.iptablesSave(), rule) {
+		t.Errorf("a restarted agent programmed the settings whose change failed and is held (%q)", rule)
+	}
+	w.requireTraffic()
+
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}}) // a new spec tries again
+	w.waitActive(v1alpha1.ModeIPTables)
+	if !strings.Contains(w.iptablesSave(), rule) {
+		t.Errorf("the new spec's settings are not programmed (%q)", rule)
+	}
 }

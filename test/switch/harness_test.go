@@ -158,13 +158,27 @@ func (w *world) setEndpoints(svc string, proto corev1.Protocol, pods ...*netlab.
 // the operator would.
 func (w *world) desire(mode v1alpha1.ProxyMode) int64 {
 	w.t.Helper()
+	return w.writeSpec(func(s *v1alpha1.ProxyNodeSpec) { s.DesiredMode = mode })
+}
+
+// settings writes spec.settings (and a new configRef generation), as the
+// operator would.
+func (w *world) settings(settings v1alpha1.ProxySettings) int64 {
+	w.t.Helper()
+	return w.writeSpec(func(s *v1alpha1.ProxyNodeSpec) { s.Settings = settings })
+}
+
+// writeSpec changes the ProxyNode's spec with change and gives it a new
+// configRef generation, which it returns.
+func (w *world) writeSpec(change func(*v1alpha1.ProxyNodeSpec)) int64 {
+	w.t.Helper()
 	w.gen++
 	for i := 0; ; i++ {
 		pn := &v1alpha1.ProxyNode{}
 		if err := w.env.Client.Get(context.Background(), client.ObjectKey{Name: nodeName}, pn); err != nil {
 			w.t.Fatal(err)
 		}
-		pn.Spec.DesiredMode = mode
+		change(&pn.Spec)
 		pn.Spec.ConfigRef = &v1alpha1.ConfigReference{Name: "test", Generation: w.gen}
 		err := w.env.Client.Update(context.Background(), pn)
 		if err == nil {
