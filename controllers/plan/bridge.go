@@ -121,7 +121,7 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	case kp.Config == nil:
 		return refuse(ReasonKubeProxyConfig, fmt.Sprintf("kube-proxy's ConfigMap %s (--kube-proxy-configmap) was not found", kp.ConfigMap))
 	}
-	b := &bridge{key: kp.ConfigMap[strings.LastIndexByte(kp.ConfigMap, ':')+1:]}
+	b := &bridge{key: kp.configKey()}
 	var err error
 	if b.conf, err = kubeproxyconfig.Read(kp.Config, b.key); err != nil {
 		return refuse(ReasonKubeProxyConfig, "kube-proxy's configuration cannot be changed: "+err.Error())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/controllers/kubeproxyconfig"
 	"github.com/proxyshift/proxyshift/controllers/preflight"
 )
 
@@ -296,6 +297,13 @@ func (p *pass) kubeProxyProblem(pn *v1alpha1.ProxyNode) string {
 		return fmt.Sprintf("kube-proxy's %s rules are on the node: %s; move the node to nftables or iptables first, then to %s",
 			pn.Status.KubeProxyMode, why, p.cfg.Spec.Mode)
 	}
+	if p.cfg.Spec.Mode == v1alpha1.ModeKubeProxy {
+		mode := p.kubeProxyConfiguredMode()
+		if why := preflight.KubeProxyOverlap(pn.Status.ActiveMode, mode); why != "" {
+			return fmt.Sprintf("the node runs proxyshift's %s mode and kube-proxy starts in %s mode: %s; move the node to nftables or iptables first, then hand it back",
+				pn.Status.ActiveMode, mode, why)
+		}
+	}
 	kp := p.in.KubeProxy
 	switch {
 	case kp.Found:
@@ -312,6 +320,25 @@ func (p *pass) kubeProxyProblem(pn *v1alpha1.ProxyNode) string {
 			pn.Status.KubeProxyMode, kp.DaemonSet)
 	}
 	return ""
+}
+
+// kubeProxyConfiguredMode is the mode kube-proxy's pods start in: the
+// DaemonSet's --proxy-mode flag, else its ConfigMap's mode; "" when the
+// operator cannot tell (no ConfigMap configured or found, or one it
+// cannot read: a change of kube-proxy's mode reports those).
+func (p *pass) kubeProxyConfiguredMode() v1alpha1.ProxyMode {
+	kp := p.in.KubeProxy
+	if kp.ModeFlag != "" {
+		return v1alpha1.ProxyMode(kp.ModeFlag)
+	}
+	if kp.Config == nil {
+		return ""
+	}
+	c, err := kubeproxyconfig.Read(kp.Config, kp.configKey())
+	if err != nil {
+		return ""
+	}
+	return c.Mode
 }
 
 // wrongKubeProxyMode says why a node handed back to kube-proxy has failed

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -410,5 +411,42 @@ func TestConflictMidRolloutKeepsBudgetAndRollback(t *testing.T) {
 		if w == "node-00=ipvs" {
 			t.Errorf("the other config wrote the conflicting node: %v", s.specLog)
 		}
+	}
+}
+
+// TestHandBackFromIPVSIntoKubeProxyIPVS: a node proxyshift serves in ipvs
+// mode cannot be handed back to a kube-proxy whose configuration says
+// ipvs (kube-proxy would adopt proxyshift's virtual services, which
+// proxyshift's cleanup then deletes): preflight refuses it, naming the
+// way round, before any node moves. A kube-proxy in iptables mode takes
+// it back.
+func TestHandBackFromIPVSIntoKubeProxyIPVS(t *testing.T) {
+	for _, kubeProxyMode := range []string{"ipvs", "iptables"} {
+		t.Run(kubeProxyMode, func(t *testing.T) {
+			s := newSim(t, 3, v1alpha1.ModeKubeProxy)
+			for _, a := range s.agents {
+				a.initial = v1alpha1.ModeIPVS
+			}
+			s.kubeProxy = KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true, ConfigMap: "kube-system/kube-proxy:config.conf",
+				Config: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy"},
+					Data: map[string]string{"config.conf": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: " + kubeProxyMode + "\n"}}}
+			if kubeProxyMode != "ipvs" {
+				s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
+				return
+			}
+			s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+			if len(s.specLog) != 0 {
+				t.Fatalf("nodes changed: %v", s.specLog)
+			}
+			st := s.cfg("pc").Status
+			if len(st.FailedNodes) != 3 {
+				t.Fatalf("failed nodes %+v, want all three", st.FailedNodes)
+			}
+			for _, w := range []string{"the node runs proxyshift's ipvs mode and kube-proxy starts in ipvs mode", "move the node to nftables or iptables first, then hand it back"} {
+				if !strings.Contains(st.FailedNodes[0].Reason, w) {
+					t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
+				}
+			}
+		})
 	}
 }

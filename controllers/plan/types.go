@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -137,6 +138,11 @@ type KubeProxy struct {
 	ConfigMap string
 	// Config is that ConfigMap; nil when it was not found.
 	Config *corev1.ConfigMap
+}
+
+// configKey is the key of kube-proxy's configuration in its ConfigMap.
+func (k KubeProxy) configKey() string {
+	return k.ConfigMap[strings.LastIndexByte(k.ConfigMap, ':')+1:]
 }
 
 // Event is an event to record about the ProxyConfig.
