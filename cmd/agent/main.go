@@ -110,7 +110,7 @@ func main() {
 		}
 		opts.NetNS = nsexec.NS(h)
 	}
-	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, Kernel: &opts.Kernel, ProcSys: *procSys})
+	opts.Backends = backends.Factories(backends.Env{NS: opts.NetNS, ProcSys: *procSys})
 	if *doCleanup {
 		os.Exit(runCleanup(opts))
 	}

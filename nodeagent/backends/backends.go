@@ -12,24 +12,23 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/nftables"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
 // Factory builds a mode's backend for the node cfg describes, with the
 // ProxyNode's spec.settings (empty when no ProxyNode sets them). The agent
 // builds backends to look at what the kernel holds and to clean up, not
-// only to program: a factory programs nothing (the ipvs one loads the
-// modules its mode needs and checks that IPVS answers).
+// only to program, on every node from its start: a factory programs
+// nothing and loads no kernel module (installing changes nothing; a
+// switch loads the modules of its target when it prepares). The ipvs one
+// checks that IPVS answers, so it fails where IPVS is not loaded, which
+// tells a look at the kernel that IPVS holds nothing there.
 type Factory func(cfg dataplane.NodeConfig, settings v1alpha1.ProxySettings) (dataplane.Backend, error)
 
 // Env is where the backends work.
 type Env struct {
 	// NS is the node's network namespace (the zero value: the agent's).
 	NS nsexec.NS
-	// Kernel loads the kernel modules the ipvs mode needs; nil loads none
-	// (they must be loaded already).
-	Kernel *kmod.Kernel
 	// ProcSys is where the ipvs and iptables modes read and write their
 	// sysctls ("" is /proc/sys; see ipvs.WithProcSys).
 	ProcSys string
@@ -46,7 +45,7 @@ func Factories(env Env) map[v1alpha1.ProxyMode]Factory {
 				iptables.WithLocalhostNodePorts(contract.LocalhostNodePorts(s.IPTables)))
 		},
 		v1alpha1.ModeIPVS: func(cfg dataplane.NodeConfig, s v1alpha1.ProxySettings) (dataplane.Backend, error) {
-			opts, err := IPVSOptions(s.IPVS, env.Kernel)
+			opts, err := IPVSOptions(s.IPVS)
 			if err != nil {
 				return nil, err
 			}
@@ -57,9 +56,8 @@ func Factories(env Env) map[v1alpha1.ProxyMode]Factory {
 
 // IPVSOptions are the ipvs backend's options for the IPVS section of a
 // ProxyNode's settings (nil: the defaults), read by the contract: the
-// scheduler, strict ARP, the timeouts, the excluded CIDRs, and, with a
-// kernel, the loading of the modules the mode needs with that scheduler.
-func IPVSOptions(s *v1alpha1.IPVSSettings, kernel *kmod.Kernel) ([]ipvs.Option, error) {
+// scheduler, strict ARP, the timeouts and the excluded CIDRs.
+func IPVSOptions(s *v1alpha1.IPVSSettings) ([]ipvs.Option, error) {
 	o, err := contract.IPVSOptions(s)
 	if err != nil {
 		return nil, err
@@ -69,13 +67,6 @@ func IPVSOptions(s *v1alpha1.IPVSSettings, kernel *kmod.Kernel) ([]ipvs.Option, 
 		ipvs.WithStrictARP(o.StrictARP),
 		ipvs.WithTimeouts(ipvs.Timeouts{TCP: o.TCPTimeout, TCPFin: o.TCPFinTimeout, UDP: o.UDPTimeout}),
 		ipvs.WithExcludeCIDRs(o.ExcludeCIDRs...),
-	}
-	if kernel != nil {
-		mods, err := contract.ModulesFor(v1alpha1.ModeIPVS, o.Scheduler)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, ipvs.WithModuleLoader(kernel, mods...))
 	}
 	return opts, nil
 }

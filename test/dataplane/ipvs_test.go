@@ -13,10 +13,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyshift/proxyshift/api/contract"
+	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	agentbackends "github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/vm"
 )
@@ -42,12 +43,18 @@ func skipWithoutIPVS(t *testing.T, _ *netlab.NetNS) {
 	vm.Require(t, "IPVS (the ip_vs kernel module)")
 }
 
-// newIPVS creates the IPVS backend programming node. Its constructor
-// loads the modules it needs, as the agent's does; the backend holds no
-// sockets between calls, so there is nothing to clean up.
+// newIPVS creates the IPVS backend programming node, once the modules
+// the mode needs are loaded, as a switch's Preparing loads them; the
+// backend holds no sockets between calls, so there is nothing to clean
+// up.
 func newIPVS(t *testing.T, node *netlab.NetNS, cfg dataplane.NodeConfig) dataplane.Backend {
 	t.Helper()
-	opts, err := agentbackends.IPVSOptions(nil, &kmod.Kernel{})
+	mods, err := contract.ModulesFor(v1alpha1.ModeIPVS, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm.LoadModules(t, mods...)
+	opts, err := agentbackends.IPVSOptions(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

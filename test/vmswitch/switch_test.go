@@ -21,7 +21,6 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
 	"github.com/proxyshift/proxyshift/nodeagent/facts"
-	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 	"github.com/proxyshift/proxyshift/nodeagent/probe"
@@ -249,7 +248,7 @@ func agentConfig(ns nsexec.NS, cfg dataplane.NodeConfig, fanout *switcher.Fanout
 // newBackend builds mode's backend for the node namespace ns, as cfg
 // describes the node, with the agent's factories.
 func newBackend(ns nsexec.NS, cfg dataplane.NodeConfig, mode v1alpha1.ProxyMode) (dataplane.Backend, string, error) {
-	f, ok := backends.Factories(backends.Env{NS: ns, Kernel: &kmod.Kernel{}})[mode]
+	f, ok := backends.Factories(backends.Env{NS: ns})[mode]
 	if !ok {
 		return nil, "", fmt.Errorf("mode %s is not in this test", mode)
 	}

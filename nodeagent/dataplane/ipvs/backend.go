@@ -31,8 +31,6 @@ type Backend struct {
 	netns     nsexec.NS
 	// procSys is where the sysctls are read and written (/proc/sys).
 	procSys string
-	loader  ModuleLoader
-	modules []string
 	// openIPVS opens IPVS in the namespace; tests wrap it.
 	openIPVS func() (ipvsHandle, error)
 
@@ -93,26 +91,18 @@ func WithStrictARP(on bool) Option {
 	return func(b *Backend) { b.strictARP = on }
 }
 
-// WithModuleLoader makes New load modules (those the ipvs mode needs with
-// the backend's scheduler: IPVS, the scheduler's module, the dummy
-// interface and the helper table's nftables modules) through l before it
-// opens IPVS, and fail if one does not load. Without it the modules must
-// be loaded already.
-func WithModuleLoader(l ModuleLoader, modules ...string) Option {
-	return func(b *Backend) { b.loader, b.modules = l, modules }
-}
-
 // DefaultScheduler is the scheduler of a backend made without
 // WithScheduler: round robin, the API's default.
 const DefaultScheduler = "rr"
 
-// New returns a backend for the node cfg describes. It loads the kernel
-// modules (with WithModuleLoader) and checks that IPVS answers in the
-// target namespace, and fails if anything is missing: there is no
-// fallback to another mode. It changes
-// nothing in the kernel: the virtual services, addresses and rules a
-// previous agent programmed keep serving until the first Sync, which is
-// always a full one, so an agent restart never interrupts traffic.
+// New returns a backend for the node cfg describes. It checks that IPVS
+// answers in the target namespace, and fails if it does not: there is no
+// fallback to another mode. It loads no kernel module (the agent loads
+// the modules a mode needs when a switch to it prepares; a node where
+// IPVS is not loaded holds nothing of it) and changes nothing in the
+// kernel: the virtual services, addresses and rules a previous agent
+// programmed keep serving until the first Sync, which is always a full
+// one, so an agent restart never interrupts traffic.
 func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("ipvs: masquerade bit %d is not 0-31", cfg.MasqueradeBit)
@@ -122,11 +112,6 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		o(b)
 	}
 	b.forward = forwarddrop.Check{Mode: "ipvs", NS: b.netns, Own: []string{TableName}}
-	if b.loader != nil {
-		if err := b.loader.Load(b.modules...); err != nil {
-			return nil, fmt.Errorf("ipvs: load kernel modules: %w", err)
-		}
-	}
 	b.openIPVS = b.openLibIPVS
 	h, err := b.openIPVS()
 	if err != nil {
