@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"context"
 	"errors"
 	"net/netip"
 	"syscall"
@@ -9,11 +8,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	corev1 "k8s.io/api/core/v1"
 
-	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
-	dt "github.com/proxyshift/proxyshift/nodeagent/dataplane/dataplanetest"
-	"github.com/proxyshift/proxyshift/nodeagent/model"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -27,19 +22,7 @@ func TestKernelClusterIPUnknownPort(t *testing.T) {
 	lab := netlab.NewLab(t)
 	podA := lab.Node.AddPod(t, "pod-a")
 	podB := lab.Node.AddPod(t, "pod-b")
-	cfg := dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
-		ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14}
-	b, err := New(cfg, WithNetNS(lab.Node.NS.NS()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	serviceIP := netip.MustParseAddr("198.19.0.10")
-	sp := dt.Svc("default", "web", "http", serviceIP.String(), 80)
-	sp.Endpoints = []model.Endpoint{{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true}}
-	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
-	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		t.Fatal(err)
-	}
+	syncOneService(t, lab, labNodeConfig, "web", podB.IP)
 	from := []struct {
 		name string
 		ns   *netlab.NetNS

@@ -22,7 +22,7 @@ import (
 // client outside the pod network is masqueraded (the endpoint's reply
 // must come back through this node), a pod is not; with MasqueradeAll
 // both are. The mark is set by the one rule in the services chain that
-// looks the destination up in cluster-ip-ports.
+// looks the destination up in cluster-ips.
 func TestKernelClusterIPMasquerade(t *testing.T) {
 	netlab.RequireRoot(t)
 	if _, err := nsexec.LookPath("conntrack"); err != nil {
@@ -33,19 +33,9 @@ func TestKernelClusterIPMasquerade(t *testing.T) {
 			lab := netlab.NewLab(t)
 			podA := lab.Node.AddPod(t, "pod-a")
 			podB := lab.Node.AddPod(t, "pod-b")
-			cfg := dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
-				ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14, MasqueradeAll: all}
-			b, err := New(cfg, WithNetNS(lab.Node.NS.NS()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			serviceIP := netip.MustParseAddr("198.19.0.10")
-			sp := dt.Svc("default", "web", "http", serviceIP.String(), 80)
-			sp.Endpoints = []model.Endpoint{{IP: podB.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true}}
-			m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
-			if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-				t.Fatal(err)
-			}
+			cfg := labNodeConfig
+			cfg.MasqueradeAll = all
+			syncOneService(t, lab, cfg, "web", podB.IP)
 			for _, c := range []struct {
 				name string
 				from *netlab.NetNS
@@ -64,6 +54,32 @@ func TestKernelClusterIPMasquerade(t *testing.T) {
 			}
 		})
 	}
+}
+
+// labNodeConfig describes a netlab lab's node: its address, the lab's
+// pod network as the cluster CIDR, masquerade bit 14.
+var labNodeConfig = dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
+	ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14}
+
+// serviceIP is the cluster IP of syncOneService's service.
+var serviceIP = netip.MustParseAddr("198.19.0.10")
+
+// syncOneService programs lab's node, as cfg describes it, with one
+// service, serviceIP:80 (named name, in namespace default), whose only
+// endpoint is the pod at ep on the node, serving netlab.ServerPort.
+func syncOneService(t *testing.T, lab *netlab.Lab, cfg dataplane.NodeConfig, name string, ep netip.Addr) *Backend {
+	t.Helper()
+	b, err := New(cfg, WithNetNS(lab.Node.NS.NS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := dt.Svc("default", name, "http", serviceIP.String(), 80)
+	sp.Endpoints = []model.Endpoint{{IP: ep, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true}}
+	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
+	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // masqueraded reads the node's conntrack entries of TCP connections from

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -81,19 +80,7 @@ func TestKernelHairpin(t *testing.T) {
 	netlab.RequireRoot(t)
 	lab := netlab.NewLab(t)
 	pod := lab.Node.AddPod(t, "pod-a")
-	cfg := dataplane.NodeConfig{NodeName: "node-1", NodeIPs: []netip.Addr{netlab.NodeIP},
-		ClusterCIDRs: []netip.Prefix{netlab.PodCIDR}, MasqueradeBit: 14}
-	b, err := New(cfg, WithNetNS(lab.Node.NS.NS()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	serviceIP := netip.MustParseAddr("198.19.0.10")
-	sp := dt.Svc("default", "self", "http", serviceIP.String(), 80)
-	sp.Endpoints = []model.Endpoint{{IP: pod.IP, Port: netlab.ServerPort, Ready: true, Serving: true, IsLocal: true}}
-	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: dt.PortsOf(sp)}}
-	if _, err := b.Sync(context.Background(), dataplane.SyncRequest{Model: m, Full: true}); err != nil {
-		t.Fatal(err)
-	}
+	syncOneService(t, lab, labNodeConfig, "self", pod.IP)
 	addr := netip.AddrPortFrom(serviceIP, 80)
 	if got, err := pod.NS.Request(netlab.TCP, addr, 2*time.Second); err != nil || got != "pod-a" {
 		t.Fatalf("pod-a to its own service: %q, %v; want an answer from pod-a", got, err)
