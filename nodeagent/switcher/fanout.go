@@ -32,6 +32,11 @@ import (
 type Fanout struct {
 	mu      sync.Mutex
 	members []*member
+	// keys maps each member's mode to the key of its settings; it is
+	// replaced under mu whenever members change and read without it
+	// (Keys), so that a status report neither waits for a sync nor stops
+	// a periodic resync.
+	keys    atomic.Pointer[map[v1alpha1.ProxyMode]string]
 	primary v1alpha1.ProxyMode
 	// model is the last model synced; it is written under mu and read
 	// without it (Model), so that a switch's probes do not wait for a sync.
@@ -410,6 +415,7 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 		// does, its syncs have run it already.
 		f.afterSync(ctx, snap, nil, true)
 	}
+	defer f.rememberKeys()
 	for i, m := range f.members {
 		if m.mode == mode {
 			f.members[i] = nm
@@ -418,6 +424,16 @@ func (f *Fanout) Add(ctx context.Context, mode v1alpha1.ProxyMode, b dataplane.B
 	}
 	f.members = append(f.members, nm)
 	return nil, nil
+}
+
+// rememberKeys records the members' keys for Keys; it is called with
+// the lock held, after members changed.
+func (f *Fanout) rememberKeys() {
+	keys := make(map[v1alpha1.ProxyMode]string, len(f.members))
+	for _, m := range f.members {
+		keys[m.mode] = m.key
+	}
+	f.keys.Store(&keys)
 }
 
 // programApart fully syncs nm from the last model with the lock released
@@ -474,6 +490,7 @@ func (f *Fanout) Remove(mode v1alpha1.ProxyMode) dataplane.Backend {
 	for i, m := range f.members {
 		if m.mode == mode {
 			f.members = slices.Delete(f.members, i, i+1)
+			f.rememberKeys()
 			return m.b
 		}
 	}
@@ -492,16 +509,14 @@ func (f *Fanout) Member(mode v1alpha1.ProxyMode) (dataplane.Backend, string, boo
 	return nil, "", false
 }
 
-// Modes lists the members' modes.
-func (f *Fanout) Modes() []v1alpha1.ProxyMode {
-	defer f.step()()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []v1alpha1.ProxyMode
-	for _, m := range f.members {
-		out = append(out, m.mode)
+// Keys maps each member's mode to the key of the settings it was built
+// with. Unlike Member it is not a switch step: it waits for no sync and
+// stops no resync.
+func (f *Fanout) Keys() map[v1alpha1.ProxyMode]string {
+	if k := f.keys.Load(); k != nil {
+		return *k
 	}
-	return out
+	return nil
 }
 
 // SetPrimary makes mode the one synced first and reported.

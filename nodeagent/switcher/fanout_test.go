@@ -288,8 +288,8 @@ func TestAddDoesNotHoldUpSyncs(t *testing.T) {
 	if r := b.reqs[1]; r.Full || r.Model != latest || !reflect.DeepEqual(r.Changed, changed) {
 		t.Errorf("catch-up sync of the new member = %+v; want the changed ports from the latest model", r)
 	}
-	if modes := f.Modes(); len(modes) != 2 {
-		t.Errorf("members = %v; want both modes", modes)
+	if keys := f.Keys(); len(keys) != 2 {
+		t.Errorf("members = %v; want both modes", keys)
 	}
 	// Once joined, it syncs with the others.
 	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: latest, Changed: changed}); err != nil {
@@ -306,15 +306,67 @@ func TestAddDoesNotHoldUpSyncs(t *testing.T) {
 type blockingResyncBackend struct {
 	countingBackend
 	resyncing chan struct{}
+	// resyncCtx is the resync's ctx, set before resyncing closes.
+	resyncCtx context.Context
 }
 
 func (b *blockingResyncBackend) Sync(ctx context.Context, req dataplane.SyncRequest) (dataplane.Counts, error) {
 	if !req.Resync {
 		return b.countingBackend.Sync(ctx, req)
 	}
+	b.resyncCtx = ctx
 	close(b.resyncing)
 	<-ctx.Done()
 	return dataplane.Counts{}, ctx.Err()
+}
+
+// TestKeysIsNoSwitchStep: Keys, which every status report reads,
+// answers while a periodic resync holds the lock and leaves that resync
+// running; it follows Add and Remove.
+func TestKeysIsNoSwitchStep(t *testing.T) {
+	ctx := context.Background()
+	f := NewFanout()
+	if keys := f.Keys(); len(keys) != 0 {
+		t.Errorf("keys of an empty Fanout = %v; want none", keys)
+	}
+	if _, err := f.Sync(ctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	serving := &blockingResyncBackend{countingBackend: countingBackend{mode: v1alpha1.ModeIPTables}, resyncing: make(chan struct{})}
+	if _, err := f.Add(ctx, v1alpha1.ModeIPTables, serving, "ipt-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Add(ctx, v1alpha1.ModeNFTables, &countingBackend{mode: v1alpha1.ModeNFTables}, "nft-1"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPrimary(v1alpha1.ModeIPTables)
+	rctx, cancel := context.WithCancel(ctx)
+	resynced := make(chan error, 1)
+	go func() {
+		_, err := f.Sync(rctx, dataplane.SyncRequest{Model: &model.Snapshot{}, Full: true, Resync: true})
+		resynced <- err
+	}()
+	<-serving.resyncing
+	keys := make(chan map[v1alpha1.ProxyMode]string, 1)
+	go func() { keys <- f.Keys() }()
+	select {
+	case got := <-keys:
+		want := map[v1alpha1.ProxyMode]string{v1alpha1.ModeIPTables: "ipt-1", v1alpha1.ModeNFTables: "nft-1"}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("Keys = %v; want %v", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Keys waited for the periodic resync")
+	}
+	if err := serving.resyncCtx.Err(); err != nil {
+		t.Errorf("Keys stopped the periodic resync: %v", err)
+	}
+	cancel()
+	<-resynced
+	f.Remove(v1alpha1.ModeNFTables)
+	if got := f.Keys(); !reflect.DeepEqual(got, map[v1alpha1.ProxyMode]string{v1alpha1.ModeIPTables: "ipt-1"}) {
+		t.Errorf("Keys after Remove = %v; want iptables alone", got)
+	}
 }
 
 // TestResyncGivesWayToSwitchSteps: a switch step that begins stops the
@@ -347,7 +399,7 @@ func TestResyncGivesWayToSwitchSteps(t *testing.T) {
 	}()
 	<-serving.resyncing
 	stepped := make(chan struct{})
-	go func() { f.Modes(); close(stepped) }()
+	go func() { f.Member(v1alpha1.ModeIPTables); close(stepped) }()
 	select {
 	case <-stepped:
 	case <-time.After(10 * time.Second):

@@ -456,15 +456,9 @@ func (s *Switcher) activeSettings(active v1alpha1.ProxyMode, step Step) *v1alpha
 		return nil
 	}
 	keys := map[string]bool{}
-	var activeKey string
-	var found bool
-	for _, m := range s.cfg.Fanout.Modes() {
-		if _, key, ok := s.cfg.Fanout.Member(m); ok {
-			keys[key] = true
-			if m == active {
-				activeKey, found = key, true
-			}
-		}
+	activeKey, found := s.cfg.Fanout.Keys()[active]
+	for _, key := range s.cfg.Fanout.Keys() {
+		keys[key] = true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
