@@ -14,6 +14,14 @@ import (
 
 const kubeProxyConf = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 198.18.64.0/18\nmode: \"\"\n"
 
+// kubeProxyFound is kube-proxy's DaemonSet found, with conf in its
+// ConfigMap kube-system/kube-proxy (key config.conf).
+func kubeProxyFound(conf string) KubeProxy {
+	return KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true, ConfigMap: "kube-system/kube-proxy:config.conf",
+		Config: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy", ResourceVersion: "1"},
+			Data: map[string]string{"config.conf": conf}}}
+}
+
 // bridgeSim is a sim with kube-proxy in it: its DaemonSet, its pods (one
 // on every node the handover lets it run on), its ConfigMap, and agents
 // that report the mode kube-proxy's pod started in.
@@ -41,9 +49,7 @@ func newBridgeSim(t *testing.T, n int, to v1alpha1.ProxyMode, mut ...func(*v1alp
 	for _, a := range s.agents {
 		a.initial, a.kubeProxyMode = v1alpha1.ModeKubeProxy, v1alpha1.ModeIPTables
 	}
-	s.kubeProxy = KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true, ConfigMap: "kube-system/kube-proxy:config.conf",
-		Config: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy", ResourceVersion: "1"},
-			Data: map[string]string{"config.conf": kubeProxyConf}}}
+	s.kubeProxy = kubeProxyFound(kubeProxyConf)
 	s.kubeProxy.PodNodes = s.pods()
 	return s
 }

@@ -2,29 +2,50 @@ package plan
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 )
 
+// refusedInPreflight runs s until ProxyConfig pc fails and checks that
+// no node was changed, that the failed nodes are exactly nodes and that
+// each one's reason says every phrase of says.
+func (s *sim) refusedInPreflight(nodes []string, says ...string) {
+	s.t.Helper()
+	s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	if len(s.specLog) != 0 {
+		s.t.Fatalf("nodes changed: %v", s.specLog)
+	}
+	st := s.cfg("pc").Status
+	var failed []string
+	for _, f := range st.FailedNodes {
+		failed = append(failed, f.Name)
+	}
+	if !slices.Equal(failed, nodes) {
+		s.t.Fatalf("failed nodes %+v, want %v", st.FailedNodes, nodes)
+	}
+	for _, f := range st.FailedNodes {
+		for _, w := range says {
+			if !strings.Contains(f.Reason, w) {
+				s.t.Errorf("%s: reason %q does not say %q", f.Name, f.Reason, w)
+			}
+		}
+	}
+}
+
 func TestPreflightBlocksMissingIPVS(t *testing.T) {
 	s := newSim(t, 5, v1alpha1.ModeIPVS)
 	s.agents["node-03"].facts = noIPVS()
-	s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
+	s.refusedInPreflight([]string{"node-03"}, "ip_vs is Missing", "ip_vs_rr not reported")
 	s.steps(20)
-	st := s.cfg("pc").Status
 	if len(s.specLog) != 0 {
-		t.Fatalf("nodes changed: %v", s.specLog)
-	}
-	if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-03" ||
-		!strings.Contains(st.FailedNodes[0].Reason, "ip_vs is Missing") || !strings.Contains(st.FailedNodes[0].Reason, "ip_vs_rr not reported") {
-		t.Errorf("failed %+v", st.FailedNodes)
+		t.Fatalf("nodes changed after the refusal: %v", s.specLog)
 	}
 	if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, "no node was changed") {
 		t.Errorf("Degraded %+v", c)
@@ -224,14 +245,7 @@ func TestPreflightKubeProxyNeedsItsDaemonSet(t *testing.T) {
 	} {
 		s := newSim(t, 3, v1alpha1.ModeKubeProxy)
 		s.kubeProxy = tc.kp
-		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
-		st := s.cfg("pc").Status
-		if len(s.specLog) != 0 {
-			t.Fatalf("nodes changed: %v", s.specLog)
-		}
-		if len(st.FailedNodes) != 3 || !strings.Contains(st.FailedNodes[0].Reason, tc.want) {
-			t.Errorf("failed nodes %+v, want reasons saying %q", st.FailedNodes, tc.want)
-		}
+		s.refusedInPreflight([]string{"node-00", "node-01", "node-02"}, tc.want)
 		if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, tc.want) {
 			t.Errorf("Degraded %+v", c)
 		}
@@ -266,21 +280,9 @@ func TestPreflightKubeProxyRulesWithoutDaemonSet(t *testing.T) {
 			s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
 			continue
 		}
-		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
-		st := s.cfg("pc").Status
-		if len(s.specLog) != 0 {
-			t.Fatalf("nodes changed: %v", s.specLog)
-		}
-		want := []string{"kube-proxy's iptables rules are on the node but its DaemonSet kube-system/kube-proxy (--kube-proxy-daemonset) was not found",
-			"--kube-proxy-daemonset=<namespace/name>", `--kube-proxy-daemonset="" if kube-proxy was removed for good`}
-		if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-01" {
-			t.Fatalf("failed nodes %+v", st.FailedNodes)
-		}
-		for _, w := range want {
-			if !strings.Contains(st.FailedNodes[0].Reason, w) {
-				t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
-			}
-		}
+		s.refusedInPreflight([]string{"node-01"},
+			"kube-proxy's iptables rules are on the node but its DaemonSet kube-system/kube-proxy (--kube-proxy-daemonset) was not found",
+			"--kube-proxy-daemonset=<namespace/name>", `--kube-proxy-daemonset="" if kube-proxy was removed for good`)
 	}
 }
 
@@ -300,19 +302,8 @@ func TestPreflightKubeProxyIPVSIntoIPVS(t *testing.T) {
 			s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
 			continue
 		}
-		s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
-		st := s.cfg("pc").Status
-		if len(s.specLog) != 0 {
-			t.Fatalf("nodes changed: %v", s.specLog)
-		}
-		if len(st.FailedNodes) != 1 || st.FailedNodes[0].Name != "node-01" {
-			t.Fatalf("failed nodes %+v, want node-01 alone", st.FailedNodes)
-		}
-		for _, w := range []string{"kube-proxy's ipvs rules are on the node", "same IPVS virtual services", "move the node to nftables or iptables first, then to ipvs"} {
-			if !strings.Contains(st.FailedNodes[0].Reason, w) {
-				t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
-			}
-		}
+		s.refusedInPreflight([]string{"node-01"},
+			"kube-proxy's ipvs rules are on the node", "same IPVS virtual services", "move the node to nftables or iptables first, then to ipvs")
 		if c := s.cond("pc", v1alpha1.ConditionDegraded); c.Reason != ReasonPreflightFailed || !strings.Contains(c.Message, "node-01") {
 			t.Errorf("Degraded %+v", c)
 		}
@@ -427,26 +418,13 @@ func TestHandBackFromIPVSIntoKubeProxyIPVS(t *testing.T) {
 			for _, a := range s.agents {
 				a.initial = v1alpha1.ModeIPVS
 			}
-			s.kubeProxy = KubeProxy{DaemonSet: "kube-system/kube-proxy", Found: true, ConfigMap: "kube-system/kube-proxy:config.conf",
-				Config: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy"},
-					Data: map[string]string{"config.conf": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: " + kubeProxyMode + "\n"}}}
+			s.kubeProxy = kubeProxyFound("kind: KubeProxyConfiguration\nmode: " + kubeProxyMode + "\n")
 			if kubeProxyMode != "ipvs" {
 				s.run(300, s.phaseIs("pc", v1alpha1.RolloutCompleted))
 				return
 			}
-			s.run(50, s.phaseIs("pc", v1alpha1.RolloutFailed))
-			if len(s.specLog) != 0 {
-				t.Fatalf("nodes changed: %v", s.specLog)
-			}
-			st := s.cfg("pc").Status
-			if len(st.FailedNodes) != 3 {
-				t.Fatalf("failed nodes %+v, want all three", st.FailedNodes)
-			}
-			for _, w := range []string{"the node runs proxyshift's ipvs mode and kube-proxy starts in ipvs mode", "move the node to nftables or iptables first, then hand it back"} {
-				if !strings.Contains(st.FailedNodes[0].Reason, w) {
-					t.Errorf("reason %q does not say %q", st.FailedNodes[0].Reason, w)
-				}
-			}
+			s.refusedInPreflight([]string{"node-00", "node-01", "node-02"},
+				"the node runs proxyshift's ipvs mode and kube-proxy starts in ipvs mode", "move the node to nftables or iptables first, then hand it back")
 		})
 	}
 }
