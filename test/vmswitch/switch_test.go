@@ -136,7 +136,7 @@ func TestVMSwitchIPVS(t *testing.T) {
 
 	// Uninstall: the serving mode's objects go, the foreign ones stay.
 	n.stop()
-	for _, m := range n.fanout.Modes() {
+	for m := range n.fanout.Keys() {
 		if _, err := n.fanout.Remove(m).Cleanup(context.Background()); err != nil {
 			t.Errorf("clean up %s: %v", m, err)
 		}
