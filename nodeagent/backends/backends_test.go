@@ -4,15 +4,20 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
+	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
 func TestEveryModeHasAFactory(t *testing.T) {
@@ -68,6 +73,52 @@ func TestDataplaneKnowsNothingOfTheAPI(t *testing.T) {
 // (the switch's Preparing loads its target's modules).
 func TestFactoriesLoadNoModule(t *testing.T) {
 	checkImports(t, []string{filepath.Join("nodeagent", "backends")}, func(sub string) bool { return sub == "nodeagent/kmod" })
+}
+
+// factoriesChild, set in the environment, makes
+// TestFactoriesRunNoModprobe the child process that builds the backends.
+const factoriesChild = "PROXYSHIFT_FACTORIES_CHILD"
+
+// TestFactoriesRunNoModprobe builds every mode's backend, as the agent's
+// start does, with a modprobe first on PATH that records its calls: none
+// may come. moby/ipvs runs `modprobe ip_vs` when a process opens its
+// first IPVS handle, so the ipvs factory must not open one on a kernel
+// without IPVS (the agent image has no modprobe, but a node's may). The
+// backends are built in a child process, where moby/ipvs has opened
+// nothing yet.
+func TestFactoriesRunNoModprobe(t *testing.T) {
+	if os.Getenv(factoriesChild) != "" {
+		ns := netlab.NewNetNS(t, "factories")
+		for mode, build := range Factories(Env{NS: ns.NS()}) {
+			_, err := build(dataplane.NodeConfig{NodeName: "node", MasqueradeBit: 14}, v1alpha1.ProxySettings{})
+			t.Logf("%s: %v", mode, err)
+			if mode == v1alpha1.ModeIPVS && (err == nil || !strings.Contains(err.Error(), "ip_vs is not loaded")) {
+				t.Errorf("ipvs backend on a kernel without IPVS: %v; want an error saying ip_vs is not loaded", err)
+			}
+		}
+		return
+	}
+	netlab.RequireRoot(t)
+	if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
+		t.Skip("needs a kernel without IPVS loaded: the check is that building the backends loads nothing")
+	}
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	if err := os.WriteFile(filepath.Join(dir, "modprobe"), []byte("#!/bin/sh\necho \"modprobe $*\" >> "+calls+"\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFactoriesRunNoModprobe$", "-test.v")
+	cmd.Env = append(os.Environ(), factoriesChild+"=1", "PATH="+dir+":"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if got, err := os.ReadFile(calls); err == nil {
+		t.Errorf("building the backends ran: %s", got)
+	}
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "ipvs: ") {
+		t.Fatalf("the child built no ipvs backend:\n%s", out)
+	}
 }
 
 // moduleRoot is the module's directory, from this package's.

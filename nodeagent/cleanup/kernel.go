@@ -10,6 +10,8 @@ import (
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyshift/proxyshift/nodeagent/ipvsfamily"
 )
 
 var nftFamilies = []struct {
@@ -163,15 +165,14 @@ func (s *Sweeper) links(names *Names, remove bool) (bool, []string, error) {
 }
 
 // ipvs sweeps the IPVS virtual services whose address is on an owned
-// interface. Without IPVS in the kernel there are none. (moby/ipvs
-// resolves IPVS's netlink family once per process, so it is only used
-// once the family exists.)
+// interface. Without IPVS in the kernel there are none, and moby/ipvs is
+// not opened (see ipvsfamily).
 func (s *Sweeper) ipvs(names *Names, remove bool) (bool, []string, error) {
 	if names.Link == nil {
 		return false, nil, nil
 	}
-	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
-		return false, nil, nil
+	if loaded, err := ipvsfamily.Loaded(); err != nil || !loaded {
+		return false, nil, err
 	}
 	links, h, err := s.ownedLinks(names)
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	"syscall"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/iptables"
+	"github.com/proxyshift/proxyshift/nodeagent/ipvsfamily"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
@@ -259,15 +259,14 @@ func (g *Gatherer) Capability(ctx context.Context, mode v1alpha1.ProxyMode) (v1a
 }
 
 // IPVSFamily says whether the kernel's IPVS answers: its generic netlink
-// family exists (it does once ip_vs is in the kernel). The family is not
-// per namespace.
+// family exists (it does once ip_vs is in the kernel). It asks in a way
+// that loads nothing (see ipvsfamily).
 func IPVSFamily() (v1alpha1.Capability, string) {
-	_, err := netlink.GenlFamilyGet("IPVS")
-	switch {
-	case err == nil:
+	switch loaded, err := ipvsfamily.Loaded(); {
+	case err != nil:
+		return v1alpha1.CapabilityUnknown, "looking for the IPVS generic netlink family failed: " + err.Error()
+	case loaded:
 		return v1alpha1.CapabilityYes, "the IPVS generic netlink family exists"
-	case errors.Is(err, syscall.ENOENT):
-		return v1alpha1.CapabilityNo, "the kernel has no IPVS generic netlink family (ip_vs is not in the kernel)"
 	}
-	return v1alpha1.CapabilityUnknown, "looking up the IPVS generic netlink family failed: " + err.Error()
+	return v1alpha1.CapabilityNo, "the kernel has no IPVS generic netlink family (ip_vs is not in the kernel)"
 }

@@ -11,6 +11,7 @@ package kmod_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -27,6 +28,9 @@ import (
 
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/nodeagent/backends"
+	"github.com/proxyshift/proxyshift/nodeagent/dataplane"
+	"github.com/proxyshift/proxyshift/nodeagent/facts"
 	"github.com/proxyshift/proxyshift/nodeagent/kmod"
 	"github.com/proxyshift/proxyshift/test/netlab"
 	"github.com/proxyshift/proxyshift/test/vm"
@@ -99,6 +103,116 @@ func TestVMConntrackRename(t *testing.T) {
 	requireLive(t, "nf_conntrack", "nf_defrag_ipv4", "nf_defrag_ipv6", "libcrc32c")
 	if got := k.Probe("nf_conntrack_ipv4")[0]; got.Resolved != "nf_conntrack" || got.State != v1alpha1.ModuleLoaded {
 		t.Errorf("Probe(nf_conntrack_ipv4) = %+v; want nf_conntrack Loaded", got)
+	}
+}
+
+// TestVMAgentStartLoadsNoModule is the agent's sequence on a node where
+// ip_vs is not loaded. Its start gathers the kernel's facts and builds
+// every mode's backend to look at the kernel: on a node that runs
+// kube-proxy (whose modes' modules are loaded), that must ask for no
+// module, neither through a modprobe on PATH (moby/ipvs runs one when a
+// process opens its first IPVS handle) nor through the kernel's own
+// module requests (a lookup of IPVS's netlink family by name is one), and
+// the ipvs backend must fail, as nothing of IPVS can be there. A switch to
+// ipvs then loads the modules (Preparing) and builds the backend again,
+// which must work: it did not while the first build opened moby/ipvs,
+// which kept the failed lookup of the family for the life of the process.
+// It runs before anything here loads ip_vs.
+func TestVMAgentStartLoadsNoModule(t *testing.T) {
+	vm.Require(t, "IPVS (ip_vs module)")
+	if procModules(t)["ip_vs"] {
+		t.Fatal("ip_vs is loaded already: kmod's tests must run first in the VM (hack/vm/packages.txt), this one before TestVMLoadIPVS")
+	}
+	ns := netlab.NewNetNS(t, "agent-start")
+	g := &facts.Gatherer{NS: ns.NS()}
+	// Before nfnetlink is loaded (nothing here loaded it), nf_tables does
+	// not answer: the facts say so. (mdlayher/socket before v0.6 lost the
+	// error of a socket made in another namespace, and this panicked.)
+	requests := recordModuleRequests(t)
+	if c, why := g.NFTables(); c != v1alpha1.CapabilityNo {
+		t.Errorf("without nfnetlink, nf_tables is %s (%s); want No", c, why)
+	}
+	var node []string
+	for _, m := range []v1alpha1.ProxyMode{v1alpha1.ModeNFTables, v1alpha1.ModeIPTables} {
+		mods, err := contract.ModulesFor(m, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		node = append(node, mods...)
+	}
+	for _, v := range []string{"legacy", "nft"} {
+		mods, err := contract.IPTablesBackendModules(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node = append(node, mods...)
+	}
+	vm.LoadModules(t, append(node, "nfnetlink")...)
+	before := procModules(t)
+	asked := requests()
+
+	g.Gather(context.Background())
+	if c, why := g.Capability(context.Background(), v1alpha1.ModeIPVS); c != v1alpha1.CapabilityNo {
+		t.Errorf("before ip_vs was loaded, IPVS is %s (%s); want No", c, why)
+	}
+	cfg := dataplane.NodeConfig{NodeName: "vm", MasqueradeBit: 14}
+	factories := backends.Factories(backends.Env{NS: ns.NS()})
+	for mode, build := range factories {
+		_, err := build(cfg, v1alpha1.ProxySettings{})
+		if mode == v1alpha1.ModeIPVS && (err == nil || !strings.Contains(err.Error(), "ip_vs is not loaded")) {
+			t.Errorf("ipvs backend built before ip_vs was loaded: %v; want an error saying ip_vs is not loaded", err)
+		}
+	}
+	if got := strings.TrimPrefix(requests(), asked); got != "" {
+		t.Errorf("the agent's start asked for modules:\n%s", got)
+	}
+	for name := range procModules(t) {
+		if !before[name] {
+			t.Errorf("the agent's start loaded %s", name)
+		}
+	}
+
+	if err := g.Prepare(context.Background(), v1alpha1.ModeIPVS, ""); err != nil {
+		t.Fatalf("Prepare(ipvs): %v", err)
+	}
+	b, err := factories[v1alpha1.ModeIPVS](cfg, v1alpha1.ProxySettings{})
+	if err != nil {
+		t.Fatalf("ipvs backend after Preparing loaded ip_vs: %v", err)
+	}
+	if c, err := b.Programmed(context.Background()); err != nil || c != (dataplane.Counts{}) {
+		t.Errorf("Programmed in a fresh namespace = %+v, %v; want nothing and no error", c, err)
+	}
+}
+
+// recordModuleRequests makes every module request, the kernel's own
+// (kernel.modprobe, which the VM's kernel does not find otherwise) and
+// a modprobe run from PATH, write its arguments to a file and fail, until
+// the test ends. It returns what was requested so far.
+func recordModuleRequests(t *testing.T) func() string {
+	t.Helper()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "requests")
+	script := filepath.Join(dir, "modprobe")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho \"modprobe $*\" >> "+log+"\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const sysctl = "/proc/sys/kernel/modprobe"
+	old, err := os.ReadFile(sysctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sysctl, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(sysctl, old, 0o644); err != nil {
+			t.Errorf("restore %s: %v", sysctl, err)
+		}
+	})
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	return func() string {
+		got, _ := os.ReadFile(log)
+		return string(got)
 	}
 }
 

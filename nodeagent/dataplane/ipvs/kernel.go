@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
+	"github.com/proxyshift/proxyshift/nodeagent/ipvsfamily"
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
@@ -51,8 +52,20 @@ func (b *Backend) open() (*kernel, error) {
 	return &kernel{netns: b.netns, ipvs: h, nl: nl}, nil
 }
 
-// openLibIPVS opens moby/ipvs in the backend's namespace.
+// openLibIPVS opens moby/ipvs in the backend's namespace, and only once
+// IPVS is loaded: moby/ipvs looks IPVS's netlink family up once per
+// process, at the first handle opened, by a request that makes the kernel
+// load ip_vs where it can, and runs `modprobe ip_vs` before (an agent's
+// start must load no module). Where neither loads it, the failed lookup
+// stays for the life of the process, and the ip_vs a switch's Preparing
+// loads later would never answer the agent.
 func (b *Backend) openLibIPVS() (ipvsHandle, error) {
+	switch loaded, err := ipvsfamily.Loaded(); {
+	case err != nil:
+		return nil, fmt.Errorf("ipvs: %w", err)
+	case !loaded:
+		return nil, errors.New("ipvs: the kernel has no IPVS (ip_vs is not loaded)")
+	}
 	h, err := libipvs.New(b.netns.Path())
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: open IPVS: %w", err)
@@ -131,7 +144,7 @@ func probeIPVS(h ipvsHandle) error {
 	if errors.Is(err, unix.ESRCH) {
 		return nil
 	}
-	return fmt.Errorf("ipvs: IPVS does not answer (the ip_vs module must be loaded before the process first opens IPVS): %v", err)
+	return fmt.Errorf("ipvs: IPVS does not answer: %v", err)
 }
 
 // readServices reads the virtual services of family f, ours with their
