@@ -298,6 +298,7 @@ func Run(ctx context.Context, client kubernetes.Interface, opts Options) error {
 	hs.started(loops)
 
 	go a.follow(ctx, reporter)
+	a.kickAfterStart()
 	go gatherFacts(ctx, gatherer, reporter, opts.FactsInterval, regather.kick)
 
 	klog.InfoS("proxyshift-agent running", "node", opts.NodeName, "desired", a.current().desire.Mode, "nodePortIPs", a.current().cfg.NodeIPs, "followsProxyNode", pnInformer != nil)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,9 +53,25 @@ type agentState struct {
 	heldMode     v1alpha1.ProxyMode
 	heldSettings *v1alpha1.ProxySettings
 	resume       bool
+	// served is what the previous agent reported serving, kept when the
+	// spec changed while no agent ran: the first desire is that, so the
+	// rules the kernel holds keep serving as they are, and the spec's
+	// change then goes through the switcher (verified, and rolled back
+	// if it fails) as it does while an agent runs. The first resolve
+	// consumes it; the caller then resolves the spec (kickAfterStart).
+	served *servedSpec
 
 	mu  sync.Mutex
 	cur *effective
+}
+
+// servedSpec is what a previous agent reported serving: status
+// activeMode and activeSettings, and the spec they came from.
+type servedSpec struct {
+	mode       v1alpha1.ProxyMode
+	settings   *v1alpha1.ProxySettings
+	config     *v1alpha1.ConfigReference
+	generation int64
 }
 
 // effective is the resolved desire: the mode and the settings the
@@ -109,6 +126,23 @@ func (a *agentState) readPrevious(pn *v1alpha1.ProxyNode) {
 		a.heldMode, a.heldSettings = st.ActiveMode, st.ActiveSettings.DeepCopy()
 	}
 	a.resume = switcher.Switching(st.Phase)
+	if !a.held && st.Phase == v1alpha1.NodeActive && st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy &&
+		(pn.Spec.DesiredMode != st.ActiveMode || !apiequality.Semantic.DeepEqual(pn.Spec.Settings, st.ActiveSettings)) {
+		var gen int64
+		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionReady); c != nil {
+			gen = c.ObservedGeneration
+		}
+		a.served = &servedSpec{mode: st.ActiveMode, settings: st.ActiveSettings.DeepCopy(), config: st.ObservedConfig.DeepCopy(), generation: gen}
+	}
+}
+
+// kickAfterStart makes the agent resolve its spec once it runs: the first
+// desire may have been what the previous agent served (see served).
+func (a *agentState) kickAfterStart() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
 }
 
 // resolve computes the effective desire from the ProxyNode, falling back
@@ -129,6 +163,9 @@ func (a *agentState) resolve() error {
 			mode, byFlag = pn.Spec.DesiredMode, false
 			settings = *pn.Spec.Settings.DeepCopy()
 		}
+	}
+	if sv := a.served; sv != nil {
+		mode, byFlag, settings, gen, ref = sv.mode, false, *sv.settings.DeepCopy(), sv.generation, sv.config.DeepCopy()
 	}
 	held := a.held && gen == a.heldGen
 	// What the backends are built with, and the mode it is read for.
@@ -196,6 +233,10 @@ func (a *agentState) resolve() error {
 	a.mu.Lock()
 	a.cur = &effective{desire: d, cfg: cfg, settings: built, sync: sc}
 	a.mu.Unlock()
+	if a.served != nil {
+		klog.InfoS("The spec changed while no agent ran: serving what the previous agent served first, then the spec through a switch", "served", a.served.mode)
+		a.served = nil
+	}
 	return nil
 }
 

@@ -23,10 +23,13 @@ import (
 // the serving mode ran with (status.activeSettings, read for
 // status.activeMode), not the spec's that failed verification, until the
 // spec changes. An agent used to rebuild the mode from the failed spec at
-// start and program it unverified.
+// start and program it unverified. The same holds, until the agent's
+// second resolve (kickAfterStart), when the spec changed while no agent
+// ran: the switcher then tries the spec's change, verified.
 func TestHeldFailureBuildsFromTheSettingsThatServed(t *testing.T) {
 	cidrA, cidrB := netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("10.2.0.0/16")
 	masqAll := &v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{"10.1.0.0/16"}, IPTables: &v1alpha1.IPTablesSettings{MasqueradeAll: true}}
+	spec := v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{"10.2.0.0/16"}, NFTables: &v1alpha1.NFTablesSettings{}}
 	for _, tc := range []struct {
 		name string
 		// status is what the previous agent reported for generation 2.
@@ -62,18 +65,21 @@ func TestHeldFailureBuildsFromTheSettingsThatServed(t *testing.T) {
 			build: v1alpha1.ModeNFTables, wantCIDR: cidrB,
 		},
 		{
-			name:  "active: the spec's",
+			name:  "active, the spec changed while no agent ran: what served first",
 			phase: v1alpha1.NodeActive, active: v1alpha1.ModeNFTables, activeSettings: masqAll,
+			build: v1alpha1.ModeNFTables, wantCIDR: cidrA,
+		},
+		{
+			name:  "active with the spec's settings: the spec's",
+			phase: v1alpha1.NodeActive, active: v1alpha1.ModeNFTables, activeSettings: spec.DeepCopy(),
 			build: v1alpha1.ModeNFTables, wantCIDR: cidrB,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pn := &v1alpha1.ProxyNode{
 				ObjectMeta: metav1.ObjectMeta{Name: "n", Generation: 2},
-				Spec: v1alpha1.ProxyNodeSpec{DesiredMode: v1alpha1.ModeNFTables, Settings: v1alpha1.ProxySettings{
-					ClusterCIDRs: []v1alpha1.CIDR{"10.2.0.0/16"}, NFTables: &v1alpha1.NFTablesSettings{},
-				}},
-				Status: v1alpha1.ProxyNodeStatus{Phase: tc.phase, ActiveMode: tc.active, ActiveSettings: tc.activeSettings},
+				Spec:       v1alpha1.ProxyNodeSpec{DesiredMode: v1alpha1.ModeNFTables, Settings: *spec.DeepCopy()},
+				Status:     v1alpha1.ProxyNodeStatus{Phase: tc.phase, ActiveMode: tc.active, ActiveSettings: tc.activeSettings},
 			}
 			if tc.phase == v1alpha1.NodeFailed {
 				meta.SetStatusCondition(&pn.Status.Conditions, metav1.Condition{
@@ -112,7 +118,8 @@ func TestHeldFailureBuildsFromTheSettingsThatServed(t *testing.T) {
 				t.Errorf("desired mode %s, want the spec's nftables", d.Mode)
 			}
 
-			// The spec changes: its settings, tried anew.
+			// The spec changes (or, for a spec changed while no agent
+			// ran, the agent resolves again once it runs): its settings.
 			pn = pn.DeepCopy()
 			pn.Generation = 3
 			if err := store.Update(pn); err != nil {

@@ -204,3 +204,38 @@ func TestFailedSettingsChangeHeldAcrossRestart(t *testing.T) {
 		t.Errorf("the new spec's settings are not programmed (%q)", rule)
 	}
 }
+
+// TestSettingsChangedWhileAgentDownAreVerified changes the settings of
+// the serving iptables mode (one more cluster CIDR) while no agent runs,
+// and starts one whose Verifying fails: it serves what the previous agent
+// served first, then tries the spec's change as a switch does, fails it
+// and rolls it back, so the kernel never keeps the unverified settings.
+// (A restarted agent used to build the mode from the new spec and write
+// it with its first sync, unverified, and report it Active.)
+func TestSettingsChangedWhileAgentDownAreVerified(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeIPTables)
+	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
+	const extra = "198.19.200.0/24"
+	rule := "-s " + extra + " -j RETURN"
+	a := w.startAgent()
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR}})
+	w.waitActive(v1alpha1.ModeIPTables)
+	a.stop()
+
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}})
+	a = w.startAgent("--test-fail-verify")
+	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
+		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
+	}
+	a.waitLog("serving what the previous agent served first", time.Second)
+	w.waitStatus("the old settings reported as active", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
+		s := pn.Status.ActiveSettings
+		return s != nil && slices.Equal(s.ClusterCIDRs, []v1alpha1.CIDR{podCIDR})
+	})
+	for deadline := time.Now().Add(30 * time.Second); strings.Contains(w.iptablesSave(), rule); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the failure the kernel still holds the unverified settings' %q", rule)
+		}
+	}
+	w.requireTraffic()
+}
