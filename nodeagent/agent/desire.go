@@ -60,6 +60,14 @@ type agentState struct {
 	// if it fails) as it does while an agent runs. The first resolve
 	// consumes it; the caller then resolves the spec (kickAfterStart).
 	served *servedSpec
+	// switchedFrom is the mode a switch interrupted by the previous
+	// agent's end was switching from, with the settings it served with
+	// (status activeMode and activeSettings in a switching phase), for
+	// the spec of resumeGen: the resumed switch rebuilds that mode as it
+	// served, not with the spec's reading of the settings, so the rules it
+	// keeps serving (and a rollback restores) do not change unverified.
+	switchedFrom *servedSpec
+	resumeGen    int64
 
 	mu  sync.Mutex
 	cur *effective
@@ -81,6 +89,18 @@ type effective struct {
 	cfg      dataplane.NodeConfig
 	settings v1alpha1.ProxySettings
 	sync     syncloop.Config
+	// from builds the mode a resumed switch switches from (see
+	// switchedFrom); nil otherwise.
+	from *builtMode
+}
+
+// builtMode is how one mode's backend is built: its node configuration,
+// its settings and their key.
+type builtMode struct {
+	mode     v1alpha1.ProxyMode
+	cfg      dataplane.NodeConfig
+	settings v1alpha1.ProxySettings
+	key      string
 }
 
 func (a *agentState) current() *effective {
@@ -126,6 +146,9 @@ func (a *agentState) readPrevious(pn *v1alpha1.ProxyNode) {
 		a.heldMode, a.heldSettings = st.ActiveMode, st.ActiveSettings.DeepCopy()
 	}
 	a.resume = switcher.Switching(st.Phase)
+	if a.resume && st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy {
+		a.switchedFrom, a.resumeGen = &servedSpec{mode: st.ActiveMode, settings: st.ActiveSettings.DeepCopy()}, pn.Generation
+	}
 	if !a.held && st.Phase == v1alpha1.NodeActive && st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy &&
 		(pn.Spec.DesiredMode != st.ActiveMode || !apiequality.Semantic.DeepEqual(pn.Spec.Settings, st.ActiveSettings)) {
 		var gen int64
@@ -176,18 +199,6 @@ func (a *agentState) resolve() error {
 		// restart, until the spec changes.
 		built, builtFor = *a.heldSettings.DeepCopy(), a.heldMode
 	}
-	s, err := contract.Interpret(builtFor, &built)
-	if err != nil {
-		return err
-	}
-	cidrs := o.ClusterCIDRs
-	if len(s.ClusterCIDRs) > 0 {
-		cidrs = s.ClusterCIDRs
-	}
-	npa := o.NodePortAddresses
-	if len(s.NodePortAddresses) > 0 {
-		npa = s.NodePortAddresses
-	}
 	node, err := a.nodeLister.Get(o.NodeName)
 	if apierrors.IsNotFound(err) {
 		node = nil
@@ -198,18 +209,11 @@ func (a *agentState) resolve() error {
 	if err != nil {
 		return fmt.Errorf("list the node's addresses: %w", err)
 	}
-	nodeIPs, err := NodePortIPs(npa, node, local)
-	a.tracker.SetNodeAddrs(OwnAddrs(node, nodeIPs))
+	cfg, key, s, err := a.configure(builtFor, &built, node, local)
+	a.tracker.SetNodeAddrs(OwnAddrs(node, cfg.NodeIPs))
 	a.tracker.SetNodeZone(nodeZone(node))
 	if err != nil {
 		return err
-	}
-	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, PrimaryIPs: PrimaryIPs(node), ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
-	if s.MasqueradeAll != nil {
-		cfg.MasqueradeAll = *s.MasqueradeAll
-	}
-	if s.MasqueradeBit != nil {
-		cfg.MasqueradeBit = *s.MasqueradeBit
 	}
 	sc := syncloop.Config{MinSyncPeriod: o.MinSyncPeriod, SyncPeriod: o.SyncPeriod}
 	if s.MinSyncPeriod != nil {
@@ -218,26 +222,71 @@ func (a *agentState) resolve() error {
 	if s.SyncPeriod != nil {
 		sc.SyncPeriod = *s.SyncPeriod
 	}
-	key, _ := json.Marshal(struct {
-		Cfg  dataplane.NodeConfig
-		Mode any
-	}{cfg, s.Section})
 	d := switcher.Desire{
-		Mode: mode, Key: string(key), Settings: built.DeepCopy(), Scheduler: s.Scheduler, Config: ref, Generation: gen,
+		Mode: mode, Key: key, Settings: built.DeepCopy(), Scheduler: s.Scheduler, Config: ref, Generation: gen,
 		Held: held, Resume: a.resume,
 		KubeProxyStopped: stopped, Default: byFlag,
+	}
+	var from *builtMode
+	if f := a.switchedFrom; f != nil && a.resumeGen == gen && f.mode != mode {
+		fromSettings := *f.settings.DeepCopy()
+		fcfg, fkey, _, err := a.configure(f.mode, &fromSettings, node, local)
+		if err != nil {
+			// Then as before: the spec's reading of the settings.
+			klog.ErrorS(err, "The settings the interrupted switch's old mode served with do not resolve; rebuilding it from the spec", "mode", f.mode)
+		} else {
+			from = &builtMode{mode: f.mode, cfg: fcfg, settings: fromSettings, key: fkey}
+			d.FromKey, d.FromSettings = fkey, fromSettings.DeepCopy()
+		}
 	}
 	if d.Held {
 		d.HeldReason, d.HeldMessage = a.heldReason, a.heldMessage
 	}
 	a.mu.Lock()
-	a.cur = &effective{desire: d, cfg: cfg, settings: built, sync: sc}
+	a.cur = &effective{desire: d, cfg: cfg, settings: built, sync: sc, from: from}
 	a.mu.Unlock()
 	if a.served != nil {
 		klog.InfoS("The spec changed while no agent ran: serving what the previous agent served first, then the spec through a switch", "served", a.served.mode)
 		a.served = nil
 	}
 	return nil
+}
+
+// configure reads settings for mode on this node (node may be nil; local
+// are its addresses): the backends' node configuration (its NodeIPs, the
+// NodePort addresses, are set even when err says they do not resolve),
+// the key that tells such configurations apart, and the settings as the
+// contract reads them.
+func (a *agentState) configure(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings, node *corev1.Node, local []netip.Addr) (dataplane.NodeConfig, string, contract.Settings, error) {
+	o := a.opts
+	s, err := contract.Interpret(mode, settings)
+	if err != nil {
+		return dataplane.NodeConfig{}, "", s, err
+	}
+	cidrs := o.ClusterCIDRs
+	if len(s.ClusterCIDRs) > 0 {
+		cidrs = s.ClusterCIDRs
+	}
+	npa := o.NodePortAddresses
+	if len(s.NodePortAddresses) > 0 {
+		npa = s.NodePortAddresses
+	}
+	nodeIPs, err := NodePortIPs(npa, node, local)
+	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, PrimaryIPs: PrimaryIPs(node), ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
+	if err != nil {
+		return cfg, "", s, err
+	}
+	if s.MasqueradeAll != nil {
+		cfg.MasqueradeAll = *s.MasqueradeAll
+	}
+	if s.MasqueradeBit != nil {
+		cfg.MasqueradeBit = *s.MasqueradeBit
+	}
+	key, _ := json.Marshal(struct {
+		Cfg  dataplane.NodeConfig
+		Mode any
+	}{cfg, s.Section})
+	return cfg, string(key), s, nil
 }
 
 // handler kicks the agent to follow a change of its Node or ProxyNode.
@@ -324,8 +373,12 @@ func (a *agentState) backend(mode v1alpha1.ProxyMode) (dataplane.Backend, string
 	if !ok {
 		return nil, "", fmt.Errorf("mode %q is not supported by this agent (supported: %v)", mode, a.opts.modes())
 	}
-	b, err := f(cur.cfg, *cur.settings.DeepCopy())
-	return b, cur.desire.Key, err
+	cfg, settings, key := cur.cfg, cur.settings, cur.desire.Key
+	if from := cur.from; from != nil && mode == from.mode {
+		cfg, settings, key = from.cfg, from.settings, from.key
+	}
+	b, err := f(cfg, *settings.DeepCopy())
+	return b, key, err
 }
 
 // probeIPs are the node addresses NodePorts are probed on: the NodePort

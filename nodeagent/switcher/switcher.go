@@ -31,6 +31,11 @@ type Desire struct {
 	// them: reported (status.activeSettings) while an instance built with
 	// Key serves, so that a restart can build the mode the same way.
 	Settings *v1alpha1.ProxySettings
+	// FromKey and FromSettings are the key and the settings Config.Backend
+	// builds another mode with (the mode a resumed switch switches from,
+	// as it served), reported as Settings are; FromKey "" for none.
+	FromKey      string
+	FromSettings *v1alpha1.ProxySettings
 	// Scheduler is the IPVS scheduler (for preparing ipvs mode).
 	Scheduler v1alpha1.IPVSScheduler
 	// Config and Generation identify the spec (echoed in status).
@@ -157,7 +162,18 @@ func New(cfg Config, d Desire) *Switcher {
 	if cfg.KubeProxyPoll == 0 {
 		cfg.KubeProxyPoll = 2 * time.Second
 	}
-	return &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1), settings: map[string]*v1alpha1.ProxySettings{d.Key: d.Settings}}
+	s := &Switcher{cfg: cfg, desire: d, changed: make(chan struct{}, 1), settings: map[string]*v1alpha1.ProxySettings{}}
+	s.learn(d)
+	return s
+}
+
+// learn records the settings of the keys d gives. s.mu is held, or s
+// not shared yet.
+func (s *Switcher) learn(d Desire) {
+	s.settings[d.Key] = d.Settings
+	if d.FromKey != "" {
+		s.settings[d.FromKey] = d.FromSettings
+	}
 }
 
 // SetDesire changes what the node is asked to run.
@@ -165,7 +181,7 @@ func (s *Switcher) SetDesire(d Desire) {
 	s.mu.Lock()
 	same := sameDesire(s.desire, d)
 	s.desire = d
-	s.settings[d.Key] = d.Settings
+	s.learn(d)
 	s.mu.Unlock()
 	if !same {
 		select {
@@ -181,6 +197,7 @@ func sameDesire(a, b Desire) bool {
 	ac, bc := a.Config, b.Config
 	a.Config, b.Config = nil, nil
 	a.Settings, b.Settings = nil, nil
+	a.FromSettings, b.FromSettings = nil, nil
 	if a != b || (ac == nil) != (bc == nil) {
 		return false
 	}
@@ -465,7 +482,7 @@ func (s *Switcher) activeSettings(active v1alpha1.ProxyMode, step Step) *v1alpha
 	if step.Action == Rollback && step.Restore == step.Mode && step.Mode == active && s.replaced != nil {
 		activeKey, found = s.replacedKey, true
 	}
-	keys[s.desire.Key], keys[s.decidedBy.Key], keys[s.replacedKey] = true, true, true
+	keys[s.desire.Key], keys[s.decidedBy.Key], keys[s.replacedKey], keys[s.desire.FromKey] = true, true, true, true
 	for k := range s.settings {
 		if !keys[k] {
 			delete(s.settings, k)

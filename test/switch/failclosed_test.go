@@ -239,3 +239,48 @@ func TestSettingsChangedWhileAgentDownAreVerified(t *testing.T) {
 	}
 	w.requireTraffic()
 }
+
+// TestResumedSwitchRebuildsTheOldModeAsItServed kills the agent while it
+// switches from iptables (with one more cluster CIDR) to nftables with a
+// spec whose settings leave that CIDR out, and restarts it with Verifying
+// failing: the resumed switch rebuilds iptables with the settings it
+// served with (status.activeSettings), so the rules that keep serving
+// do not change, and the rollback restores them as they were. (A resumed
+// switch used to rebuild iptables from the new spec and write that,
+// unverified, with its first sync.)
+func TestResumedSwitchRebuildsTheOldModeAsItServed(t *testing.T) {
+	w := newWorld(t, v1alpha1.ModeIPTables)
+	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
+	const extra = "198.19.200.0/24"
+	rule := "-s " + extra + " -j RETURN"
+	served := []v1alpha1.CIDR{podCIDR, extra}
+	a := w.startAgent()
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: served})
+	w.waitActive(v1alpha1.ModeIPTables)
+	a.stop()
+
+	hung := w.startAgent("--test-stop-at-phase=" + string(v1alpha1.NodeProgramming))
+	w.waitActive(v1alpha1.ModeIPTables)
+	if !strings.Contains(w.iptablesSave(), rule) {
+		t.Fatalf("setup: iptables lacks the served settings' %q", rule)
+	}
+	w.writeSpec(func(s *v1alpha1.ProxyNodeSpec) {
+		s.DesiredMode = v1alpha1.ModeNFTables
+		s.Settings = v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR}}
+	})
+	hung.waitLog("Test hook: stopping at phase", 60*time.Second)
+	hung.kill9()
+
+	w.startAgent("--test-fail-verify")
+	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
+		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
+	}
+	w.waitStatus("iptables serving again with the settings it served with", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
+		s := pn.Status.ActiveSettings
+		return pn.Status.ActiveMode == v1alpha1.ModeIPTables && s != nil && slices.Equal(s.ClusterCIDRs, served)
+	})
+	if !strings.Contains(w.iptablesSave(), rule) {
+		t.Errorf("the resumed switch rewrote the old mode with the new spec's settings: %q is gone", rule)
+	}
+	w.requireTraffic()
+}
