@@ -199,6 +199,10 @@ func (a *agentState) resolve() error {
 		// restart, until the spec changes.
 		built, builtFor = *a.heldSettings.DeepCopy(), a.heldMode
 	}
+	s, err := contract.Interpret(builtFor, &built)
+	if err != nil {
+		return err
+	}
 	node, err := a.nodeLister.Get(o.NodeName)
 	if apierrors.IsNotFound(err) {
 		node = nil
@@ -209,7 +213,7 @@ func (a *agentState) resolve() error {
 	if err != nil {
 		return fmt.Errorf("list the node's addresses: %w", err)
 	}
-	cfg, key, s, err := a.configure(builtFor, &built, node, local)
+	cfg, key, err := a.configure(s, node, local)
 	a.tracker.SetNodeAddrs(OwnAddrs(node, cfg.NodeIPs))
 	a.tracker.SetNodeZone(nodeZone(node))
 	if err != nil {
@@ -227,17 +231,9 @@ func (a *agentState) resolve() error {
 		Held: held, Resume: a.resume,
 		KubeProxyStopped: stopped, Default: byFlag,
 	}
-	var from *builtMode
-	if f := a.switchedFrom; f != nil && a.resumeGen == gen && f.mode != mode {
-		fromSettings := *f.settings.DeepCopy()
-		fcfg, fkey, _, err := a.configure(f.mode, &fromSettings, node, local)
-		if err != nil {
-			// Then as before: the spec's reading of the settings.
-			klog.ErrorS(err, "The settings the interrupted switch's old mode served with do not resolve; rebuilding it from the spec", "mode", f.mode)
-		} else {
-			from = &builtMode{mode: f.mode, cfg: fcfg, settings: fromSettings, key: fkey}
-			d.FromKey, d.FromSettings = fkey, fromSettings.DeepCopy()
-		}
+	from := a.interruptedFrom(mode, gen, node, local)
+	if from != nil {
+		d.FromKey, d.FromSettings = from.key, from.settings.DeepCopy()
 	}
 	if d.Held {
 		d.HeldReason, d.HeldMessage = a.heldReason, a.heldMessage
@@ -252,17 +248,37 @@ func (a *agentState) resolve() error {
 	return nil
 }
 
-// configure reads settings for mode on this node (node may be nil; local
-// are its addresses): the backends' node configuration (its NodeIPs, the
-// NodePort addresses, are set even when err says they do not resolve),
-// the key that tells such configurations apart, and the settings as the
-// contract reads them.
-func (a *agentState) configure(mode v1alpha1.ProxyMode, settings *v1alpha1.ProxySettings, node *corev1.Node, local []netip.Addr) (dataplane.NodeConfig, string, contract.Settings, error) {
-	o := a.opts
-	s, err := contract.Interpret(mode, settings)
-	if err != nil {
-		return dataplane.NodeConfig{}, "", s, err
+// interruptedFrom is how to build the mode the previous agent's
+// interrupted switch was switching from, as it served (switchedFrom),
+// while the desire is that switch's (mode, for the spec of generation
+// gen); nil otherwise, and when those settings do not resolve (then the
+// mode is built as the desired one's settings read for it).
+func (a *agentState) interruptedFrom(mode v1alpha1.ProxyMode, gen int64, node *corev1.Node, local []netip.Addr) *builtMode {
+	f := a.switchedFrom
+	if f == nil || a.resumeGen != gen || f.mode == mode {
+		return nil
 	}
+	settings := *f.settings.DeepCopy()
+	s, err := contract.Interpret(f.mode, &settings)
+	var cfg dataplane.NodeConfig
+	var key string
+	if err == nil {
+		cfg, key, err = a.configure(s, node, local)
+	}
+	if err != nil {
+		klog.ErrorS(err, "The settings the interrupted switch's old mode served with do not resolve; building it with the desired settings", "mode", f.mode)
+		return nil
+	}
+	return &builtMode{mode: f.mode, cfg: cfg, settings: settings, key: key}
+}
+
+// configure is the backends' node configuration for settings s (as the
+// contract reads them for a mode) on this node (node may be nil; local
+// are its addresses), and the key that tells such configurations apart.
+// Its NodeIPs, the NodePort addresses, are set even when err says they do
+// not resolve.
+func (a *agentState) configure(s contract.Settings, node *corev1.Node, local []netip.Addr) (dataplane.NodeConfig, string, error) {
+	o := a.opts
 	cidrs := o.ClusterCIDRs
 	if len(s.ClusterCIDRs) > 0 {
 		cidrs = s.ClusterCIDRs
@@ -274,7 +290,7 @@ func (a *agentState) configure(mode v1alpha1.ProxyMode, settings *v1alpha1.Proxy
 	nodeIPs, err := NodePortIPs(npa, node, local)
 	cfg := dataplane.NodeConfig{NodeName: o.NodeName, NodeIPs: nodeIPs, PrimaryIPs: PrimaryIPs(node), ClusterCIDRs: cidrs, MasqueradeAll: o.MasqueradeAll, MasqueradeBit: o.MasqueradeBit}
 	if err != nil {
-		return cfg, "", s, err
+		return cfg, "", err
 	}
 	if s.MasqueradeAll != nil {
 		cfg.MasqueradeAll = *s.MasqueradeAll
@@ -286,7 +302,7 @@ func (a *agentState) configure(mode v1alpha1.ProxyMode, settings *v1alpha1.Proxy
 		Cfg  dataplane.NodeConfig
 		Mode any
 	}{cfg, s.Section})
-	return cfg, string(key), s, nil
+	return cfg, string(key), nil
 }
 
 // handler kicks the agent to follow a change of its Node or ProxyNode.
