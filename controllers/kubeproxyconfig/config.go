@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,17 +64,57 @@ func (c Config) InMode(mode v1alpha1.ProxyMode) Config {
 	return c
 }
 
+// kube-proxy's nodePortAddresses keywords (v1.37 expands them in
+// cmd/kube-proxy/app/server.go, expandNodePortAddressKeywords): the
+// node's primary addresses, 127.0.0.0/8 and ::1, and every address.
+const (
+	keywordPrimary   = "primary"
+	keywordLocalhost = "localhost"
+	keywordAll       = "all"
+)
+
 // nodePortAddressesIn is the nodePortAddresses kube-proxy applies in mode
-// when the file says written. kube-proxy's nftables mode reads an unset
-// list as primary (the node's primary addresses; v1.37
-// cmd/kube-proxy/app/server_linux.go platformApplyDefaults), its other
-// modes as every local address, which is what an empty list means to
-// proxyshift too.
+// when the file says written, in proxyshift's terms. kube-proxy's
+// nftables mode reads an unset list as primary (the node's primary
+// addresses; v1.37 cmd/kube-proxy/app/server_linux.go
+// platformApplyDefaults), its other modes as every local address, which
+// is what an empty list means to proxyshift too; so does a list with the
+// keyword all, whatever else it holds.
 func nodePortAddressesIn(mode v1alpha1.ProxyMode, written []v1alpha1.NodePortAddress) []v1alpha1.NodePortAddress {
-	if mode == v1alpha1.ModeNFTables && len(written) == 0 {
+	switch {
+	case slices.Contains(written, keywordAll):
+		return nil
+	case mode == v1alpha1.ModeNFTables && len(written) == 0:
 		return []v1alpha1.NodePortAddress{v1alpha1.NodePortAddressPrimary}
 	}
 	return written
+}
+
+// CheckNodePortAddresses says why proxyshift's settings cannot say the
+// file's nodePortAddresses as kube-proxy applies them (nil when they
+// can): they take CIDRs, or primary alone, and kube-proxy also takes the
+// keyword localhost, primary beside CIDRs, and CIDRs written loosely
+// (leading zeros). A change of kube-proxy's mode runs proxyshift with
+// kube-proxy's settings meanwhile, so it needs them said exactly.
+func (c Config) CheckNodePortAddresses() error {
+	if slices.Contains(c.written, keywordAll) {
+		return nil
+	}
+	for _, a := range c.written {
+		switch a {
+		case keywordLocalhost:
+			return fmt.Errorf("its nodePortAddresses %v has the keyword localhost (NodePorts on 127.0.0.1 and ::1), which proxyshift's settings cannot say (they take CIDRs, or primary alone)", c.written)
+		case keywordPrimary:
+			if len(c.written) > 1 {
+				return fmt.Errorf("its nodePortAddresses %v has the keyword primary beside CIDRs, which proxyshift's settings cannot say (they take primary alone, or CIDRs: write the nodes' addresses as CIDRs)", c.written)
+			}
+		default:
+			if _, err := v1alpha1.CIDR(a).Parse(); err != nil {
+				return fmt.Errorf("in its nodePortAddresses, %v", err)
+			}
+		}
+	}
+	return nil
 }
 
 // file is the part of a KubeProxyConfiguration proxyshift reads.

@@ -76,6 +76,8 @@ func TestNodePortAddressesAsKubeProxyAppliesThem(t *testing.T) {
 		{name: "nftables read as iptables", text: file("nftables", ""), in: v1alpha1.ModeIPTables},
 		{name: "iptables read as nftables", text: file("iptables", ""), in: v1alpha1.ModeNFTables, want: primary},
 		{name: "ipvs, primary, read as iptables", text: file("ipvs", "nodePortAddresses: [primary]\n"), in: v1alpha1.ModeIPTables, want: primary},
+		{name: "nftables, all", text: file("nftables", "nodePortAddresses: [all]\n")},
+		{name: "iptables, all beside a CIDR", text: file("iptables", "nodePortAddresses: [198.18.0.0/15, all]\n")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse(tc.text)
@@ -91,6 +93,39 @@ func TestNodePortAddressesAsKubeProxyAppliesThem(t *testing.T) {
 				t.Errorf("nodePortAddresses %q, want %q", c.NodePortAddresses, tc.want)
 			}
 		})
+	}
+}
+
+// TestCheckNodePortAddresses: what kube-proxy accepts in nodePortAddresses
+// and proxyshift's settings cannot say is named; the rest passes.
+func TestCheckNodePortAddresses(t *testing.T) {
+	for addrs, want := range map[string]string{
+		"":                               "",
+		"[primary]":                      "",
+		"[198.18.0.0/15, 2001:db8::/64]": "",
+		"[all]":                          "",
+		"[localhost, all]":               "",
+		"[localhost]":                    "keyword localhost (NodePorts on 127.0.0.1 and ::1)",
+		"[198.18.0.0/15, localhost]":     "keyword localhost",
+		"[primary, 198.18.0.0/15]":       "keyword primary beside CIDRs",
+		"[198.018.0.0/15]":               `"198.018.0.0/15" is not a CIDR`,
+		"['::ffff:198.18.0.0/111']":      "IPv4-mapped IPv6 network",
+	} {
+		text := "kind: KubeProxyConfiguration\nmode: nftables\n"
+		if addrs != "" {
+			text += "nodePortAddresses: " + addrs + "\n"
+		}
+		c, err := Parse(text)
+		if err != nil {
+			t.Fatalf("%s: %v", addrs, err)
+		}
+		err = c.CheckNodePortAddresses()
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v; want no error", addrs, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: %v; want an error saying %q", addrs, err, want)
+		}
 	}
 }
 

@@ -126,6 +126,9 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	if b.conf, err = kubeproxyconfig.Read(kp.Config, b.key); err != nil {
 		return refuse(ReasonKubeProxyConfig, "kube-proxy's configuration cannot be changed: "+err.Error())
 	}
+	if err := b.conf.CheckNodePortAddresses(); err != nil {
+		return refuse(ReasonKubeProxyConfig, "proxyshift cannot serve the nodes with kube-proxy's settings while its mode changes: "+err.Error())
+	}
 	prevB := p.prev.KubeProxyBridge
 	if prevB != nil && (prevB.ObservedGeneration == p.cfg.Generation || sameChange(prevB, ch, kp.ConfigMap)) {
 		b.st = *prevB

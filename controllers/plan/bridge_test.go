@@ -323,6 +323,9 @@ func TestBridgeRefusals(t *testing.T) {
 			reason: ReasonKubeProxyConfig, msg: "--proxy-mode=iptables"},
 		{name: "no ConfigMap", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) { s.kubeProxy.Config = nil },
 			reason: ReasonKubeProxyConfig, msg: "kube-system/kube-proxy:config.conf (--kube-proxy-configmap) was not found"},
+		{name: "nodePortAddresses proxyshift cannot say", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) {
+			s.kubeProxy.Config.Data["config.conf"] = kubeProxyConf + "nodePortAddresses: [primary, 198.18.0.0/15]\n"
+		}, reason: ReasonKubeProxyConfig, msg: "proxyshift cannot serve the nodes with kube-proxy's settings while its mode changes: its nodePortAddresses [primary 198.18.0.0/15] has the keyword primary beside CIDRs"},
 		{name: "a ConfigMap it cannot read", to: v1alpha1.ModeNFTables, mut: func(s *bridgeSim) {
 			s.kubeProxy.Config.Data["config.conf"] = "kind: KubeProxyConfiguration\nmode: kernelspace\n"
 		}, reason: ReasonKubeProxyConfig, msg: `mode "kernelspace"`},
