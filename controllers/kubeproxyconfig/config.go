@@ -90,13 +90,19 @@ func nodePortAddressesIn(mode v1alpha1.ProxyMode, written []v1alpha1.NodePortAdd
 	return written
 }
 
-// CheckNodePortAddresses says why proxyshift's settings cannot say the
-// file's nodePortAddresses as kube-proxy applies them (nil when they
-// can): they take CIDRs, or primary alone, and kube-proxy also takes the
-// keyword localhost, primary beside CIDRs, and CIDRs written loosely
-// (leading zeros). A change of kube-proxy's mode runs proxyshift with
-// kube-proxy's settings meanwhile, so it needs them said exactly.
-func (c Config) CheckNodePortAddresses() error {
+// CheckSettings says why proxyshift's settings cannot say the file's
+// clusterCIDR and nodePortAddresses as kube-proxy applies them (nil when
+// they can). They take CIDRs, and for nodePortAddresses primary alone;
+// kube-proxy also takes CIDRs written loosely (leading zeros), the
+// keyword localhost, and primary beside CIDRs. A change of kube-proxy's
+// mode runs proxyshift with kube-proxy's settings meanwhile, so it needs
+// them said exactly.
+func (c Config) CheckSettings() error {
+	for _, cidr := range c.ClusterCIDRs {
+		if _, err := cidr.Parse(); err != nil {
+			return fmt.Errorf("in its clusterCIDR, %v", err)
+		}
+	}
 	if slices.Contains(c.written, keywordAll) {
 		return nil
 	}

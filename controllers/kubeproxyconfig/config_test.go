@@ -96,9 +96,10 @@ func TestNodePortAddressesAsKubeProxyAppliesThem(t *testing.T) {
 	}
 }
 
-// TestCheckNodePortAddresses: what kube-proxy accepts in nodePortAddresses
-// and proxyshift's settings cannot say is named; the rest passes.
-func TestCheckNodePortAddresses(t *testing.T) {
+// TestCheckSettings: what kube-proxy accepts in nodePortAddresses and
+// clusterCIDR and proxyshift's settings cannot say is named; the rest
+// passes.
+func TestCheckSettings(t *testing.T) {
 	for addrs, want := range map[string]string{
 		"":                               "",
 		"[primary]":                      "",
@@ -119,12 +120,29 @@ func TestCheckNodePortAddresses(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", addrs, err)
 		}
-		err = c.CheckNodePortAddresses()
+		err = c.CheckSettings()
 		switch {
 		case want == "" && err != nil:
 			t.Errorf("%s: %v; want no error", addrs, err)
 		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
 			t.Errorf("%s: %v; want an error saying %q", addrs, err, want)
+		}
+	}
+}
+
+func TestCheckSettingsClusterCIDR(t *testing.T) {
+	for cidr, want := range map[string]string{
+		"198.18.64.0/18":                  "",
+		"198.18.64.0/18, 2001:db8:1::/64": "",
+		"198.018.64.0/18":                 `in its clusterCIDR, "198.018.64.0/18" is not a CIDR`,
+	} {
+		c, err := Parse("kind: KubeProxyConfiguration\nclusterCIDR: " + cidr + "\n")
+		if err != nil {
+			t.Fatalf("%s: %v", cidr, err)
+		}
+		err = c.CheckSettings()
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("clusterCIDR %s: %v; want %q", cidr, err, want)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func (p *pass) openBridge(ch *v1alpha1.KubeProxyModeChange) *outcome {
 	if b.conf, err = kubeproxyconfig.Read(kp.Config, b.key); err != nil {
 		return refuse(ReasonKubeProxyConfig, "kube-proxy's configuration cannot be changed: "+err.Error())
 	}
-	if err := b.conf.CheckNodePortAddresses(); err != nil {
+	if err := b.conf.CheckSettings(); err != nil {
 		return refuse(ReasonKubeProxyConfig, "proxyshift cannot serve the nodes with kube-proxy's settings while its mode changes: "+err.Error())
 	}
 	prevB := p.prev.KubeProxyBridge
