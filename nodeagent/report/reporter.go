@@ -90,12 +90,16 @@ type Reporter struct {
 	uid    types.UID
 	lastAt time.Time
 	kick   chan struct{}
+	// renewed receives when another ProxyNode appears (Observe): Run
+	// writes to it at once, whatever the backoff its failed writes to the
+	// old one (gone: not found) had reached.
+	renewed chan struct{}
 }
 
 // New returns a Reporter for node. c may be nil: then nothing is written
 // (a standalone agent).
 func New(c *Client, node string) *Reporter {
-	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1), writing: make(chan struct{}, 1)}
+	return &Reporter{c: c, node: node, SyncEvery: time.Minute, kick: make(chan struct{}, 1), renewed: make(chan struct{}, 1), writing: make(chan struct{}, 1)}
 }
 
 // Seed starts the Reporter from the status pn has (nil: none), so
@@ -139,6 +143,10 @@ func (r *Reporter) Observe(pn *v1alpha1.ProxyNode) {
 	r.forget(uid)
 	r.mu.Unlock()
 	if tell {
+		select {
+		case r.renewed <- struct{}{}:
+		default:
+		}
 		r.signal()
 	}
 }
@@ -362,6 +370,8 @@ func (r *Reporter) Run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-time.After(backoff):
+			case <-r.renewed:
+				backoff = 0
 			}
 		}
 		if err := r.write(ctx, false); err != nil {
@@ -373,6 +383,10 @@ func (r *Reporter) Run(ctx context.Context) {
 			continue
 		}
 		backoff = 0
+		select {
+		case <-r.renewed: // written already
+		default:
+		}
 	}
 }
 
