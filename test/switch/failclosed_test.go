@@ -153,6 +153,43 @@ func TestFailClosed(t *testing.T) {
 	})
 }
 
+// extraCIDR is a cluster CIDR the settings tests add and remove; the
+// iptables mode programs extraRule for it.
+const extraCIDR = "198.19.200.0/24"
+
+var extraRule = "-s " + extraCIDR + " -j RETURN"
+
+// servingIPTables has an agent serve iptables with cidrs as the cluster
+// CIDRs, and stops it.
+func (w *world) servingIPTables(cidrs ...v1alpha1.CIDR) {
+	w.t.Helper()
+	a := w.startAgent()
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: cidrs})
+	w.waitActive(v1alpha1.ModeIPTables)
+	a.stop()
+}
+
+// requireRolledBack waits for the change the spec last written asks for
+// to fail verification (the agent runs with --test-fail-verify) and for
+// iptables to serve again with cidrs, as status.activeSettings says and
+// the kernel holds (extraRule exactly when cidrs has extraCIDR).
+func (w *world) requireRolledBack(cidrs []v1alpha1.CIDR) {
+	w.t.Helper()
+	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
+		w.t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
+	}
+	w.waitStatus("iptables serving with the settings it served with", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
+		s := pn.Status.ActiveSettings
+		return pn.Status.ActiveMode == v1alpha1.ModeIPTables && s != nil && slices.Equal(s.ClusterCIDRs, cidrs)
+	})
+	want := slices.Contains(cidrs, extraCIDR)
+	for deadline := time.Now().Add(30 * time.Second); strings.Contains(w.iptablesSave(), extraRule) != want; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("30 s after the failure, the kernel holding %q is %v; want %v (the settings that served)", extraRule, !want, want)
+		}
+	}
+}
+
 // TestFailedSettingsChangeHeldAcrossRestart changes the settings of the
 // serving iptables mode (one more cluster CIDR) with Verifying failing:
 // the old rules are synced back, status Failed keeps the settings that
@@ -163,28 +200,13 @@ func TestFailClosed(t *testing.T) {
 func TestFailedSettingsChangeHeldAcrossRestart(t *testing.T) {
 	w := newWorld(t, v1alpha1.ModeIPTables)
 	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
-	const extra = "198.19.200.0/24"
-	rule := "-s " + extra + " -j RETURN"
-	a := w.startAgent()
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR}})
-	w.waitActive(v1alpha1.ModeIPTables)
-	a.stop()
+	rule := extraRule
+	w.servingIPTables(podCIDR)
 
-	a = w.startAgent("--test-fail-verify")
+	a := w.startAgent("--test-fail-verify")
 	a.waitLog("proxyshift-agent running", 20*time.Second)
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}})
-	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
-		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
-	}
-	w.waitStatus("the old settings reported as active", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
-		s := pn.Status.ActiveSettings
-		return s != nil && slices.Equal(s.ClusterCIDRs, []v1alpha1.CIDR{podCIDR})
-	})
-	for deadline := time.Now().Add(30 * time.Second); strings.Contains(w.iptablesSave(), rule); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("30 s after the failure the kernel still holds the failed settings' %q", rule)
-		}
-	}
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extraCIDR}})
+	w.requireRolledBack([]v1alpha1.CIDR{podCIDR})
 	a.stop()
 
 	a = w.startAgent()
@@ -198,7 +220,7 @@ func TestFailedSettingsChangeHeldAcrossRestart(t *testing.T) {
 	}
 	w.requireTraffic()
 
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}}) // a new spec tries again
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extraCIDR}}) // a new spec tries again
 	w.waitActive(v1alpha1.ModeIPTables)
 	if !strings.Contains(w.iptablesSave(), rule) {
 		t.Errorf("the new spec's settings are not programmed (%q)", rule)
@@ -215,28 +237,12 @@ func TestFailedSettingsChangeHeldAcrossRestart(t *testing.T) {
 func TestSettingsChangedWhileAgentDownAreVerified(t *testing.T) {
 	w := newWorld(t, v1alpha1.ModeIPTables)
 	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
-	const extra = "198.19.200.0/24"
-	rule := "-s " + extra + " -j RETURN"
-	a := w.startAgent()
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR}})
-	w.waitActive(v1alpha1.ModeIPTables)
-	a.stop()
+	w.servingIPTables(podCIDR)
 
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extra}})
-	a = w.startAgent("--test-fail-verify")
-	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
-		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
-	}
+	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: []v1alpha1.CIDR{podCIDR, extraCIDR}})
+	a := w.startAgent("--test-fail-verify")
+	w.requireRolledBack([]v1alpha1.CIDR{podCIDR})
 	a.waitLog("serving what the previous agent served first", time.Second)
-	w.waitStatus("the old settings reported as active", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
-		s := pn.Status.ActiveSettings
-		return s != nil && slices.Equal(s.ClusterCIDRs, []v1alpha1.CIDR{podCIDR})
-	})
-	for deadline := time.Now().Add(30 * time.Second); strings.Contains(w.iptablesSave(), rule); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("30 s after the failure the kernel still holds the unverified settings' %q", rule)
-		}
-	}
 	w.requireTraffic()
 }
 
@@ -251,18 +257,13 @@ func TestSettingsChangedWhileAgentDownAreVerified(t *testing.T) {
 func TestResumedSwitchRebuildsTheOldModeAsItServed(t *testing.T) {
 	w := newWorld(t, v1alpha1.ModeIPTables)
 	podCIDR := v1alpha1.CIDR(netlab.PodCIDR.String())
-	const extra = "198.19.200.0/24"
-	rule := "-s " + extra + " -j RETURN"
-	served := []v1alpha1.CIDR{podCIDR, extra}
-	a := w.startAgent()
-	w.settings(v1alpha1.ProxySettings{ClusterCIDRs: served})
-	w.waitActive(v1alpha1.ModeIPTables)
-	a.stop()
+	served := []v1alpha1.CIDR{podCIDR, extraCIDR}
+	w.servingIPTables(served...)
 
 	hung := w.startAgent("--test-stop-at-phase=" + string(v1alpha1.NodeProgramming))
 	w.waitActive(v1alpha1.ModeIPTables)
-	if !strings.Contains(w.iptablesSave(), rule) {
-		t.Fatalf("setup: iptables lacks the served settings' %q", rule)
+	if !strings.Contains(w.iptablesSave(), extraRule) {
+		t.Fatalf("setup: iptables lacks the served settings' %q", extraRule)
 	}
 	w.writeSpec(func(s *v1alpha1.ProxyNodeSpec) {
 		s.DesiredMode = v1alpha1.ModeNFTables
@@ -272,15 +273,6 @@ func TestResumedSwitchRebuildsTheOldModeAsItServed(t *testing.T) {
 	hung.kill9()
 
 	w.startAgent("--test-fail-verify")
-	if _, ready := w.waitFailed(); ready == nil || ready.Reason != contract.ReasonVerificationFailed {
-		t.Errorf("Ready condition %+v; want reason VerificationFailed", ready)
-	}
-	w.waitStatus("iptables serving again with the settings it served with", 30*time.Second, func(pn *v1alpha1.ProxyNode) bool {
-		s := pn.Status.ActiveSettings
-		return pn.Status.ActiveMode == v1alpha1.ModeIPTables && s != nil && slices.Equal(s.ClusterCIDRs, served)
-	})
-	if !strings.Contains(w.iptablesSave(), rule) {
-		t.Errorf("the resumed switch rewrote the old mode with the new spec's settings: %q is gone", rule)
-	}
+	w.requireRolledBack(served)
 	w.requireTraffic()
 }
