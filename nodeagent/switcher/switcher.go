@@ -472,9 +472,10 @@ func (s *Switcher) activeSettings(active v1alpha1.ProxyMode, step Step) *v1alpha
 	if s.cfg.Fanout == nil {
 		return nil
 	}
+	members := s.cfg.Fanout.Keys()
+	activeKey, found := members[active]
 	keys := map[string]bool{}
-	activeKey, found := s.cfg.Fanout.Keys()[active]
-	for _, key := range s.cfg.Fanout.Keys() {
+	for _, key := range members {
 		keys[key] = true
 	}
 	s.mu.Lock()
