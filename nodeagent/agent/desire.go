@@ -146,10 +146,12 @@ func (a *agentState) readPrevious(pn *v1alpha1.ProxyNode) {
 		a.heldMode, a.heldSettings = st.ActiveMode, st.ActiveSettings.DeepCopy()
 	}
 	a.resume = switcher.Switching(st.Phase)
-	if a.resume && st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy {
+	// A mode of proxyshift's served, with settings the status names.
+	servedOurs := st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy
+	if a.resume && servedOurs {
 		a.switchedFrom, a.resumeGen = &servedSpec{mode: st.ActiveMode, settings: st.ActiveSettings.DeepCopy()}, pn.Generation
 	}
-	if !a.held && st.Phase == v1alpha1.NodeActive && st.ActiveSettings != nil && st.ActiveMode != "" && st.ActiveMode != v1alpha1.ModeKubeProxy &&
+	if !a.held && st.Phase == v1alpha1.NodeActive && servedOurs &&
 		(pn.Spec.DesiredMode != st.ActiveMode || !apiequality.Semantic.DeepEqual(pn.Spec.Settings, st.ActiveSettings)) {
 		var gen int64
 		if c := meta.FindStatusCondition(st.Conditions, contract.ConditionReady); c != nil {
