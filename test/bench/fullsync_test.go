@@ -18,10 +18,11 @@ import (
 // 10 000 services (what a periodic resync that found drift, or a sync
 // after a failed incremental one, does) translate every new connection.
 // Linux 6.18 publishes the lookup array of an interval map when the
-// transaction that filled it ends, after the new rules are live: a full
-// sync that created the endpoint maps anew left each new connection
-// untranslated for about 50 ms at the end of its commit (10 of them
-// every rewrite here, to the first Service as to the last). Here such a
+// transaction that filled it ends, after the new rules are live: when the
+// endpoints were in interval maps (before the service tables of
+// 2026-12-05), a full sync that created them anew left each new
+// connection untranslated for about 50 ms at the end of its commit (10
+// of them every rewrite here, to the first Service as to the last). Here such a
 // connection is refused (Lab.RefuseServices), and every answer must come
 // from one of the target's own endpoints.
 func TestFullSyncKeepsServing(t *testing.T) {

@@ -6,15 +6,22 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/internal/nft"
 )
 
-// queue turns a plan into google/nftables calls on t's connection, for the
-// table of family f. Nothing reaches the kernel before the transaction
-// commits.
-func queue(t *nft.Txn, f *family, ops []op) error {
+// tablePlan is a plan for one table of a family: one transaction.
+type tablePlan struct {
+	table string
+	ops   []op
+}
+
+// queue turns a plan into google/nftables calls on t's connection, for
+// its table of family f. Nothing reaches the kernel before the
+// transaction commits.
+func queue(t *nft.Txn, f *family, p tablePlan) error {
 	conn := t.Conn()
-	table := &nftables.Table{Name: TableName, Family: f.Table}
+	table := &nftables.Table{Name: p.table, Family: f.Table}
 	chainRef := func(name string) *nftables.Chain { return &nftables.Chain{Name: name, Table: table} }
+	// Our own set IDs: the library's counter is a global without a lock.
 	var setID uint32
-	for _, o := range ops {
+	for _, o := range p.ops {
 		switch o.kind {
 		case opAddTable:
 			conn.AddTable(table)
@@ -27,12 +34,13 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 		case opDelChain:
 			conn.DelChain(chainRef(o.name))
 		case opAddRule:
-			if err := nft.AddRule(t, table, o.name, o.rule.Exprs); err != nil {
+			if o.rule.Anon != nil {
+				setID++
+			}
+			if err := nft.AddRuleOf(t, table, o.name, o.rule, setID); err != nil {
 				return err
 			}
 		case opAddSet:
-			// Our own set IDs: the library's counter is a global without
-			// a lock.
 			setID++
 			def := o.set.def()
 			if err := t.AddSet(table, &def, setID); err != nil {
@@ -43,7 +51,7 @@ func queue(t *nft.Txn, f *family, ops []op) error {
 		case opDelSet:
 			conn.DelSet(&nftables.Set{Table: table, Name: o.name})
 		case opAddElems:
-			if err := nft.AddElements(t, o.set.kernel(table), (*element).kernel, o.pieces()...); err != nil {
+			if err := nft.AddElements(t, o.set.kernel(table), (*element).kernel, o.elems...); err != nil {
 				return err
 			}
 		case opDelElems:

@@ -79,57 +79,65 @@ func testModel() *model.Snapshot {
 	}}
 }
 
-// expected renders the model as the backend b should have programmed
-// it: from scratch, except for the ports' ids (portObjects.id), which
-// depend on the order in which incremental syncs added ports and are
-// taken from b's memory (nil b: numbered afresh, as by a full sync).
-func expected(m *model.Snapshot, b *Backend) map[*family]*ruleset {
-	out := map[*family]*ruleset{}
+// expected renders the model as the backend should have programmed it.
+func expected(m *model.Snapshot) map[*family]tables {
+	out := map[*family]tables{}
 	for _, f := range families {
-		var ids map[model.ServicePortName]uint32
-		if b != nil && b.state[f] != nil {
-			ids = map[model.ServicePortName]uint32{}
-			for name, objs := range b.state[f].rs.ports {
-				ids[name] = objs.id
-			}
-		}
-		out[f], _ = renderIDs(f, m.Ports[f.Model], newNodePolicy(f, kernelConfig), ids)
+		out[f], _ = render(f, m.Ports[f.Model], newNodePolicy(f, kernelConfig))
 	}
 	return out
 }
 
-// tableView is a table as the kernel lists it: each chain's rule count
-// and hook, each set's elements (key in hex, verdict, comment); nil
-// elements for the affinity sets, whose contents are the packet path's.
+// tableView is a family's tables as the kernel lists them: each chain's
+// rule count and hook, and the values of each rule's anonymous map,
+// each set's elements (key in hex, verdict, comment); nil elements for
+// the affinity sets, whose contents are the packet path's. Chains and
+// sets are keyed by viewKey.
 type tableView struct {
 	chains map[string]string
 	sets   map[string][]string
 }
 
-func viewOf(rs *ruleset) tableView {
+// viewKey is the key of table's object name in a tableView.
+func viewKey(table, name string) string { return table + " " + name }
+
+func viewOf(ts tables) tableView {
 	v := tableView{chains: map[string]string{}, sets: map[string][]string{}}
-	for _, c := range rs.allChains() {
-		v.chains[c.Name] = chainSummary(len(c.Rules), c.Hook != nil, c.Hook)
-	}
-	objs := rs.objects()
-	for _, s := range objs.sets {
-		if s.dynamic() {
-			v.sets[s.name] = nil
-			continue
-		}
-		elems := []string{}
-		for _, e := range slices.Concat(objs.pieces(s.name)...) {
-			d := hex.EncodeToString(e.key())
-			if e.verdict != nil {
-				d += " : " + e.verdict.String()
+	for _, rs := range ts {
+		for _, c := range rs.allChains() {
+			summary := chainSummary(len(c.Rules), c.Hook != nil, c.Hook)
+			for _, r := range c.Rules {
+				if m := r.Anon; m != nil {
+					var values []string
+					for i := range m.Len() {
+						size := int(m.DataType.Bytes)
+						values = append(values, hex.EncodeToString(m.Values[i*size:(i+1)*size]))
+					}
+					summary += " {" + strings.Join(values, ",") + "}"
+				}
 			}
-			if e.data() != nil {
-				d += " : " + hex.EncodeToString(e.data())
-			}
-			elems = append(elems, d+" "+e.comment)
+			v.chains[viewKey(rs.name, c.Name)] = summary
 		}
-		slices.Sort(elems)
-		v.sets[s.name] = elems
+		objs := rs.objects()
+		for _, s := range objs.sets {
+			if s.dynamic() {
+				v.sets[viewKey(rs.name, s.name)] = nil
+				continue
+			}
+			elems := []string{}
+			for _, e := range slices.Concat(objs.elems[s.name]...) {
+				d := hex.EncodeToString(e.key())
+				if e.verdict != nil {
+					d += " : " + e.verdict.String()
+				}
+				if e.data() != nil {
+					d += " : " + hex.EncodeToString(e.data())
+				}
+				elems = append(elems, d+" "+e.comment)
+			}
+			slices.Sort(elems)
+			v.sets[viewKey(rs.name, s.name)] = elems
+		}
 	}
 	return v
 }
@@ -143,30 +151,34 @@ func chainSummary(rules int, base bool, h *hook) string {
 
 var hookNames = map[nftables.ChainHook]string{0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
 
-// kernelView lists our table of family f in the namespace ns; ok is
-// false if it is absent.
+// kernelView lists our tables of family f in the namespace ns; ok is
+// false if the main table is absent.
 func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) (v tableView, ok bool) {
 	t.Helper()
 	tables, err := conn.ListTablesOfFamily(f.Table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table *nftables.Table
-	for _, tb := range tables {
-		if tb.Name == TableName {
-			table = tb
-		}
-	}
-	if table == nil {
-		return v, false
-	}
 	v = tableView{chains: map[string]string{}, sets: map[string][]string{}}
+	for _, table := range tables {
+		if !slices.Contains(TableNames(), table.Name) {
+			continue
+		}
+		ok = ok || table.Name == TableName
+		viewTable(t, ns, conn, f, table, v)
+	}
+	return v, ok
+}
+
+// viewTable adds one table to v.
+func viewTable(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family, table *nftables.Table, v tableView) {
+	t.Helper()
 	chains, err := conn.ListChainsOfTableFamily(f.Table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range chains {
-		if c.Table.Name != TableName {
+		if c.Table.Name != table.Name {
 			continue
 		}
 		rules, err := conn.GetRules(table, c)
@@ -177,7 +189,15 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 		if c.Hooknum != nil {
 			h = &hook{Type: c.Type, Name: hookNames[*c.Hooknum], Priority: *c.Priority}
 		}
-		v.chains[c.Name] = chainSummary(len(rules), h != nil, h)
+		summary := chainSummary(len(rules), h != nil, h)
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "__map") {
+					summary += " {" + strings.Join(anonValues(t, conn, table, l.SetName), ",") + "}"
+				}
+			}
+		}
+		v.chains[viewKey(table.Name, c.Name)] = summary
 	}
 	sets, err := conn.GetSets(table)
 	if err != nil {
@@ -188,7 +208,7 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 			continue
 		}
 		if s.HasTimeout {
-			v.sets[s.Name] = nil
+			v.sets[viewKey(table.Name, s.Name)] = nil
 			continue
 		}
 		kelems, err := conn.GetSetElements(s)
@@ -198,7 +218,7 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 		var verdicts map[string]string
 		dataMap := kernelDataMap(s)
 		if s.IsMap && !dataMap {
-			verdicts = mapVerdicts(t, ns, f, s.Name)
+			verdicts = mapVerdicts(t, ns, f, table.Name, s.Name)
 		}
 		elems := []string{}
 		for _, e := range kelems {
@@ -215,15 +235,33 @@ func kernelView(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, f *family) 
 			elems = append(elems, d+" "+e.Comment)
 		}
 		slices.Sort(elems)
-		v.sets[s.Name] = elems
+		v.sets[viewKey(table.Name, s.Name)] = elems
 	}
-	return v, true
+}
+
+// anonValues are the values of anonymous map name of table, in the
+// order of their keys (0, 1, ...), in hex.
+func anonValues(t *testing.T, conn *nftables.Conn, table *nftables.Table, name string) []string {
+	t.Helper()
+	elems, err := conn.GetSetElements(&nftables.Set{Table: table, Name: name, IsMap: true, KeyType: nftables.TypeInteger})
+	if err != nil {
+		t.Fatalf("elements of %s: %v", name, err)
+	}
+	values := make([]string, len(elems))
+	for _, e := range elems {
+		i := int(binary.NativeEndian.Uint32(e.Key))
+		if i >= len(values) {
+			t.Fatalf("map %s has key %d of %d", name, i, len(elems))
+		}
+		values[i] = hex.EncodeToString(e.Val)
+	}
+	return values
 }
 
 // mapVerdicts lists the verdicts of a verdict map's elements by key (in
 // hex), from a netlink dump of its elements: google/nftables reads back
 // keys and comments but not verdicts.
-func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, set string) map[string]string {
+func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, table, set string) map[string]string {
 	t.Helper()
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: ns.FD()})
 	if err != nil {
@@ -231,7 +269,7 @@ func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, set string) map[stri
 	}
 	defer c.Close()
 	ae := netlink.NewAttributeEncoder()
-	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
 	attrs, err := ae.Encode()
 	if err != nil {
@@ -291,13 +329,13 @@ func mapVerdicts(t *testing.T, ns *netlab.NetNS, f *family, set string) map[stri
 // m in both families.
 func assertProgrammed(t *testing.T, ns *netlab.NetNS, conn *nftables.Conn, m *model.Snapshot, b *Backend) {
 	t.Helper()
-	for f, rs := range expected(m, b) {
+	for f, ts := range expected(m) {
 		got, ok := kernelView(t, ns, conn, f)
 		if !ok {
 			t.Errorf("table %s %s is missing", f.Name, TableName)
 			continue
 		}
-		want := viewOf(rs)
+		want := viewOf(ts)
 		for _, name := range slices.Sorted(maps.Keys(want.chains)) {
 			if g, ok := got.chains[name]; !ok {
 				t.Errorf("%s: chain %s is missing", f.Name, name)
@@ -358,24 +396,24 @@ func TestKernelSyncReadsBack(t *testing.T) {
 		t.Errorf("Present after a sync: %v, %v", present, err)
 	}
 
-	// A full resync of an unchanged table recognizes every chain and set
-	// the kernel lists as its own: it only flushes and refills them. The
-	// endpoint maps too: a map created anew is not looked up until its
-	// transaction ends (test/bench TestFullSyncKeepsServing).
-	for f, rs := range expected(m, nil) {
-		kt, err := b.list(context.Background(), f)
+	// A full resync of unchanged tables recognizes every chain and set
+	// the kernel lists as its own: it only flushes and refills them.
+	for f, ts := range expected(m) {
+		kts, err := b.list(context.Background(), f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ops, stale := fullPlan(rs, kt)
-		for _, o := range ops {
-			switch o.kind {
-			case opAddChain, opDelChain, opAddSet, opDelSet, opDelTable:
-				t.Errorf("%s: full resync of an unchanged table: %s", f.Name, o)
+		for _, rs := range ts {
+			ops, stale := fullPlan(rs, kts[rs.name])
+			for _, o := range ops {
+				switch o.kind {
+				case opAddChain, opDelChain, opAddSet, opDelSet, opDelTable:
+					t.Errorf("%s %s: full resync of an unchanged table: %s", f.Name, rs.name, o)
+				}
 			}
-		}
-		if len(stale) > 0 {
-			t.Errorf("%s: stale chains in an unchanged table: %v", f.Name, stale)
+			if len(stale) > 0 {
+				t.Errorf("%s %s: stale chains in an unchanged table: %v", f.Name, rs.name, stale)
+			}
 		}
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
@@ -414,9 +452,13 @@ func TestKernelIncrementalSync(t *testing.T) {
 	}
 	// What the backend keeps of its syncs, full and incremental, is rules
 	// by their text, not their expressions (ruleset.written).
-	for _, c := range append(b.state[ipv4].rs.allChains(), b.state[ipv6].rs.allChains()...) {
+	var chains []*chain
+	for _, rs := range slices.Concat(b.state[ipv4].ts, b.state[ipv6].ts) {
+		chains = append(chains, rs.allChains()...)
+	}
+	for _, c := range chains {
 		for _, r := range c.Rules {
-			if r.Text == "" || r.Exprs != nil {
+			if r.Text == "" || r.Exprs != nil || r.Anon != nil {
 				t.Fatalf("chain %s keeps rule %q with %d expressions after its sync", c.Name, r.Text, len(r.Exprs))
 			}
 		}
@@ -429,7 +471,9 @@ func TestKernelRepairsDrift(t *testing.T) {
 	m := testModel()
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
 	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
-	v6 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv6}
+	// A service table of each family that holds ports.
+	v4Services := &nftables.Table{Name: serviceTableName(namesFor(model.SortedNames(m.Ports[corev1.IPv4Protocol])[0]).table), Family: nftables.TableFamilyIPv4}
+	v6 := &nftables.Table{Name: serviceTableName(namesFor(model.SortedNames(m.Ports[corev1.IPv6Protocol])[0]).table), Family: nftables.TableFamilyIPv6}
 
 	// Someone deletes the ip table by hand; a full sync restores it.
 	conn.DelTable(v4)
@@ -444,7 +488,7 @@ func TestKernelRepairsDrift(t *testing.T) {
 
 	// Someone flushes a chain, deletes a map element and adds a chain of
 	// their own; a full sync puts everything back and removes the extra.
-	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4Services})
 	elems, err := conn.GetSetElements(&nftables.Set{Name: mapServiceIPs, Table: v6, IsMap: true})
 	if err != nil || len(elems) == 0 {
 		t.Fatalf("service-ips of ip6: %v, %v", elems, err)
@@ -462,10 +506,10 @@ func TestKernelRepairsDrift(t *testing.T) {
 	// Someone replaces service-ips by a map of the same name and flags but
 	// another key: the in-place rewrite fails on it, and the sync falls
 	// back to replacing the whole table.
-	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
-	conn.FlushSet(&nftables.Set{Name: mapServiceIPs, Table: v4})
-	conn.DelSet(&nftables.Set{Name: mapServiceIPs, Table: v4})
-	if err := conn.AddSet(&nftables.Set{Name: mapServiceIPs, Table: v4, ID: 1, IsMap: true, Concatenation: true,
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4Services})
+	conn.FlushSet(&nftables.Set{Name: mapServiceIPs, Table: v4Services})
+	conn.DelSet(&nftables.Set{Name: mapServiceIPs, Table: v4Services})
+	if err := conn.AddSet(&nftables.Set{Name: mapServiceIPs, Table: v4Services, ID: 1, IsMap: true, Concatenation: true,
 		KeyType: nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), DataType: nftables.TypeVerdict}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -475,14 +519,14 @@ func TestKernelRepairsDrift(t *testing.T) {
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
 	assertProgrammed(t, ns, conn, m, b)
 
-	// The table disappears again, and the next sync is an incremental
-	// one: it fails against the missing table and falls back to a full
-	// sync, which restores it.
-	conn.DelTable(v4)
+	// The service table of web disappears, and the next sync is an
+	// incremental one of web: it fails against the missing table and
+	// falls back to a full sync, which restores it.
+	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	conn.DelTable(&nftables.Table{Name: serviceTableName(namesFor(name).table), Family: nftables.TableFamilyIPv4})
 	if err := conn.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	name := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
 	m.Ports[corev1.IPv4Protocol][name] = dt.Svc("default", "web", "http", "10.96.0.10", 80, dt.EP("10.244.1.2", 8080))
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{name: {}}})
 	assertProgrammed(t, ns, conn, m, b)
@@ -496,7 +540,7 @@ func TestKernelRestartKeepsRulesAndAffinity(t *testing.T) {
 	// A client is stuck to the session service's first endpoint.
 	session := m.Ports[corev1.IPv4Protocol][model.ServicePortName{Namespace: "default", Name: "session", Port: "http", Protocol: corev1.ProtocolTCP}]
 	_, affinitySet := endpointNames(namesFor(session.Name).base, session.Endpoints[0])
-	as := &nftables.Set{Name: affinitySet, Table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	as := &nftables.Set{Name: affinitySet, Table: &nftables.Table{Name: serviceTableName(namesFor(session.Name).table), Family: nftables.TableFamilyIPv4}, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 	client := []nftables.SetElement{{Key: netip.MustParseAddr("198.18.7.7").AsSlice(), Timeout: time.Hour}}
 	if err := conn.SetAddElements(as, client); err != nil {
 		t.Fatal(err)
@@ -534,11 +578,11 @@ func TestKernelRejectedTransactionChangesNothing(t *testing.T) {
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
 	// A batch whose last rule jumps to a chain that does not exist: the
 	// kernel refuses it whole, including the chain before it.
-	err := b.commit(ipv4, []op{
+	err := b.commit(ipv4, tablePlan{table: TableName, ops: []op{
 		{kind: opAddChain, name: "half", chain: &chain{Name: "half"}},
-		{kind: opFlushChain, name: chainServices},
+		{kind: opFlushChain, name: chainMasquerading},
 		{kind: opAddRule, name: "half", rule: nft.NewRule(ipv4).Goto("nowhere").Rule()},
-	})
+	}})
 	if !errors.Is(err, unix.ENOENT) {
 		t.Fatalf("commit of a broken batch: %v, want ENOENT", err)
 	}
@@ -555,7 +599,7 @@ func TestKernelCleanup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"nftables table ip proxyshift", "nftables table ip6 proxyshift"}; !slices.Equal(removed, want) {
+	if want := []string{"nftables table ip proxyshift and its 16 service tables proxyshift-services-*", "nftables table ip6 proxyshift and its 16 service tables proxyshift-services-*"}; !slices.Equal(removed, want) {
 		t.Errorf("Cleanup removed %q, want %q", removed, want)
 	}
 	for _, f := range families {
@@ -624,7 +668,7 @@ func TestKernelForeignTable(t *testing.T) {
 	removed, err := b.Cleanup(ctx)
 	nfttest.RequireForeign(t, "Cleanup", err, "ip", TableName)
 	unchanged("Cleanup")
-	if want := []string{"nftables table ip6 proxyshift"}; !slices.Equal(removed, want) {
+	if want := []string{"nftables table ip6 proxyshift and its 16 service tables proxyshift-services-*"}; !slices.Equal(removed, want) {
 		t.Errorf("Cleanup removed %q, want %q", removed, want)
 	}
 }

@@ -1,7 +1,8 @@
 // Package nftables is proxyshift's nftables dataplane: it programs the
-// service model into one table named "proxyshift" per IP family (ip and
-// ip6), over netlink with github.com/google/nftables, and touches nothing
-// outside those tables.
+// service model, in each IP family (ip and ip6), into a main table named
+// "proxyshift" and sixteen service tables ("proxyshift-services-0" to
+// "-15"), over netlink with github.com/google/nftables, and touches
+// nothing outside those tables.
 //
 // Why it looks the way it does:
 //
@@ -9,17 +10,20 @@
 //     finds its service by one lookup of destination address . protocol .
 //     port in a verdict map, instead of walking a chain of rules as
 //     iptables does.
-//   - A sync is one netlink transaction per family, which the kernel
+//   - A service port's chain DNATs with one rule that holds its endpoints
+//     in an anonymous map, as kube-proxy's does, so the tables take no
+//     more room than kube-proxy's. An endpoint change replaces that rule,
+//     and the kernel validates the whole table a NAT rule is added to
+//     (it walks every chain the base chains reach): the ports' dispatch
+//     and DNAT chains are therefore spread over sixteen service tables,
+//     and a change pays for one of them. Hairpin is one rule at
+//     postrouting with a reference-counted set of endpoint pairs. Ports
+//     with ClientIP affinity keep a chain per endpoint.
+//   - A sync is one netlink transaction per table, which the kernel
 //     applies whole or not at all, so packets never see a half-written
-//     table; an incremental sync writes only the changed service ports'
-//     elements and chains.
-//   - An endpoint change adds no rule: a service port's chain DNATs with
-//     one constant rule through a map of endpoint addresses (shared by 16
-//     ports), so the change only rewrites map elements, which the kernel
-//     commits without re-validating the whole table (a new rule or a
-//     jumping verdict would make it walk every chain). Hairpin is one
-//     rule at postrouting with a reference-counted set of endpoint
-//     pairs. Ports with ClientIP affinity keep a chain per endpoint.
+//     table (not one per family: binding an anonymous map, the kernel
+//     walks the transaction so far); an incremental sync writes only the
+//     changed service ports' elements and chains.
 //   - Rendering is pure and separate from kernel I/O: render turns the
 //     model into a description of the table (chains, rules, sets, maps
 //     and elements) that dumps as nft-like text, which golden tests pin
@@ -29,8 +33,8 @@
 //     transaction that sends a batch are the shared low-level layer
 //     (../internal/nft), which the ipvs backend's helper table uses too.
 //   - Restarts keep traffic flowing: New does not touch the kernel, and
-//     the first sync rewrites the table in place in one transaction,
-//     keeping the ClientIP affinity state.
+//     the first sync rewrites the tables in place, keeping the ClientIP
+//     affinity state.
 //   - Base-chain priorities put proxyshift ahead of kube-proxy (nftables
 //     or iptables) on a node where both run, so that a node can switch
 //     to proxyshift before kube-proxy's rules are removed.

@@ -14,10 +14,10 @@ import (
 // hold and what `nft list table` would show, comments aside.
 func (rs *ruleset) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table %s %s {\n", rs.f.Name, TableName)
+	fmt.Fprintf(&b, "table %s %s {\n", rs.f.Name, rs.name)
 	objs := rs.objects()
 	for _, name := range slices.Sorted(maps.Keys(objs.sets)) {
-		elems := slices.Concat(objs.pieces(name)...)
+		elems := slices.Concat(objs.elems[name]...)
 		slices.SortFunc(elems, func(a, b element) int { return cmp.Compare(a.keyText(), b.keyText()) })
 		objs.sets[name].dump(&b, elems)
 	}
@@ -28,39 +28,37 @@ func (rs *ruleset) String() string {
 	return b.String()
 }
 
+// String dumps the tables in nft's syntax: the main table, then each
+// service table that holds a port's objects (the others hold only the
+// fixed objects every service table has).
+func (ts tables) String() string {
+	var b strings.Builder
+	b.WriteString(ts.main().String())
+	for _, rs := range ts[1:] {
+		if rs.holdsPorts() {
+			b.WriteString("\n" + rs.String())
+		}
+	}
+	return b.String()
+}
+
+// holdsPorts says whether some port has objects in rs.
+func (rs *ruleset) holdsPorts() bool {
+	for _, objs := range rs.ports {
+		if len(objs.chains)+len(objs.sets)+len(objs.shared) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // wanted are the chains and sets a ruleset puts in the kernel, and each
 // set's elements in pieces (its own, then each port's), gathered without
 // copying an element: a full sync writes them and a resync compares them.
-// The ports' elements in the service-endpoints maps (100 000 at 10k
-// services) are not gathered but made one map at a time, when it is
-// written or compared (pieces): all of them at once were 14 MB of the
-// agent's heap while a full sync was under way.
 type wanted struct {
 	chains map[string]*chain
 	sets   map[string]*set
 	elems  map[string][][]element
-	// endpoints are the ports whose endpoint elements a
-	// service-endpoints map holds, by its name.
-	endpoints map[string][]*portObjects
-}
-
-// pieces are the elements of set name in pieces: its gathered ones, then
-// the endpoint elements of each port it holds, made now.
-func (w wanted) pieces(name string) [][]element {
-	return withEndpointElems(w.elems[name], w.endpoints[name])
-}
-
-// withEndpointElems is pieces followed by the endpoint elements of each
-// of ports, made now.
-func withEndpointElems(pieces [][]element, ports []*portObjects) [][]element {
-	if len(ports) == 0 {
-		return pieces
-	}
-	out := slices.Clip(pieces)
-	for _, objs := range ports {
-		out = append(out, objs.endpointElems())
-	}
-	return out
 }
 
 // objects gathers what rs puts in the kernel. The ports' pieces come in
@@ -69,7 +67,7 @@ func withEndpointElems(pieces [][]element, ports []*portObjects) [][]element {
 // elements are one piece, each once: ports with an endpoint (or a
 // service) in common hold the same element.
 func (rs *ruleset) objects() wanted {
-	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}, endpoints: map[string][]*portObjects{}}
+	w := wanted{chains: map[string]*chain{}, sets: map[string]*set{}, elems: map[string][][]element{}}
 	add := func(s *set) {
 		w.sets[s.name] = s
 		if len(s.elems) > 0 {
@@ -84,7 +82,7 @@ func (rs *ruleset) objects() wanted {
 	}
 	counted := map[string][]element{}
 	seen := map[string]map[string]bool{}
-	for _, name := range countedSets {
+	for name := range rs.counted {
 		seen[name] = map[string]bool{}
 	}
 	for _, objs := range rs.ports {
@@ -104,12 +102,6 @@ func (rs *ruleset) objects() wanted {
 					counted[sh.set] = append(counted[sh.set], e)
 				}
 			}
-		}
-		if m := objs.endpointMap; m != nil {
-			if w.sets[m.name] == nil {
-				w.sets[m.name] = m
-			}
-			w.endpoints[m.name] = append(w.endpoints[m.name], objs)
 		}
 	}
 	for name, elems := range counted {

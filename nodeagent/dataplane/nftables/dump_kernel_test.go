@@ -22,7 +22,7 @@ import (
 func TestKernelHoldsTheGoldenTables(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			listed := programScenario(t, sc)
+			listed, _ := programScenario(t, sc)
 			golden, err := os.ReadFile(filepath.Join("testdata", sc.Name+".golden"))
 			if err != nil {
 				t.Fatal(err)
@@ -42,7 +42,9 @@ func TestKernelHoldsTheDump(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for _, f := range families {
-			nfttest.Equal(t, when+", "+f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
+			for _, rs := range b.state[f].ts {
+				nfttest.Equal(t, when+", "+f.Name+" "+rs.name, nfttest.List(t, ns.NS(), f.Name, rs.name), rs.String())
+			}
 		}
 	}
 	check("full sync")
@@ -68,7 +70,9 @@ func TestKernelRandomModels(t *testing.T) {
 			b := newBackend(t, ns)
 			mustSync(t, b, dataplane.SyncRequest{Model: dt.RandomModel(rand.New(rand.NewPCG(seed, 1)), 8), Full: true})
 			for _, f := range families {
-				nfttest.Equal(t, f.Name, nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
+				for _, rs := range b.state[f].ts {
+					nfttest.Equal(t, f.Name+" "+rs.name, nfttest.List(t, ns.NS(), f.Name, rs.name), rs.String())
+				}
 			}
 		})
 	}

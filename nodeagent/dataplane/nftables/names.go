@@ -9,8 +9,9 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
-// TableName is the name of the table proxyshift owns in the ip and ip6
-// families. Nothing outside it is ever created, changed or deleted.
+// TableName is the name of proxyshift's main table in the ip and ip6
+// families; the service tables' names start with it (TableNames).
+// Nothing outside these tables is ever created, changed or deleted.
 const TableName = "proxyshift"
 
 // Names of the objects every table has, whatever the services.
@@ -56,26 +57,30 @@ const (
 	prefixLocalEPs  = "local-endpoints-"
 )
 
-// prefixEndpointMap names the maps of endpoint addresses the service
-// ports without affinity DNAT with: service-endpoints-0, -1, ..., each
-// shared by endpointMapPorts ports (by id).
-const prefixEndpointMap = "service-endpoints-"
+// serviceTables is how many service tables each family has, besides
+// the main table: every service port's DNAT chains are in one of them,
+// chosen by its name (servicePortNames.table). The kernel makes the
+// number a trade-off (see the README, Tables): it validates a whole table
+// whenever a transaction adds a rule that DNATs, which an endpoint change
+// does, so each change pays for the service ports of one table only;
+// and a new connection is looked up in each table's dispatch map, one
+// lookup each, until one DNATs it.
+const serviceTables = 16
 
-// endpointMapPorts is how many ports (consecutive ids) share one
-// service-endpoints map. The kernel makes the count a trade-off: it finds
-// a map by walking a list of all the table's sets (each rule naming a
-// map, each batch of elements, each new set), so thousands of per-port
-// maps make a full sync quadratic in the number of ports; and each
-// element written to a map is checked against every rule that looks the
-// map up, so one map for all ports makes it quadratic too. With 16 ports
-// a map, 10 000 ports make 625 maps, and an element is checked against
-// at most 32 rules.
-const endpointMapPorts = 16
+// serviceTablePrefix begins the names of the service tables.
+const serviceTablePrefix = TableName + "-services-"
 
-// endpointMapName is the name of the service-endpoints map of the port
-// numbered id.
-func endpointMapName(id uint32) string {
-	return prefixEndpointMap + strconv.FormatUint(uint64(id/endpointMapPorts), 10)
+// serviceTableName is the name of service table i (0 to serviceTables-1).
+func serviceTableName(i int) string { return serviceTablePrefix + strconv.Itoa(i) }
+
+// TableNames are the names of the tables the backend owns in each
+// family: the main table (TableName), then the service tables.
+func TableNames() []string {
+	names := []string{TableName}
+	for i := range serviceTables {
+		names = append(names, serviceTableName(i))
+	}
+	return names
 }
 
 // maxNameLen is the longest chain or set name the kernel accepts
@@ -98,6 +103,9 @@ type servicePortNames struct {
 	// says whose they are.
 	comment string
 	base    string
+	// table is the service table of the port's DNAT chains (0 to
+	// serviceTables-1).
+	table int
 }
 
 // namesFor derives the names of a service port's objects from the port's
@@ -108,6 +116,9 @@ func namesFor(n model.ServicePortName) servicePortNames {
 	readable := n.Namespace + "/" + n.Name + "/" + strings.ToLower(string(n.Protocol)) + "/" + n.Port
 	base := hashed(readable)
 	return servicePortNames{
+		// The hash's first character is one of base32's 32, two for each
+		// table: about as many ports in each.
+		table:      strings.IndexByte(base32Alphabet, base[0]) % serviceTables,
 		service:    limit(prefixService + base),
 		local:      limit(prefixLocal + base),
 		external:   limit(prefixExternal + base),
@@ -152,6 +163,9 @@ func hashed(s string) string {
 	h := nameHash(s)
 	return string(h[:]) + "-" + s
 }
+
+// base32Alphabet is the alphabet of the hashes in names.
+const base32Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 
 // nameHash is the 8 base32 characters of s's SHA-256 that begin the
 // names of s's objects: the encoding of its first 5 bytes.

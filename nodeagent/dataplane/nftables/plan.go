@@ -40,17 +40,10 @@ type op struct {
 	rule  rule
 	// set is the definition for opAddSet and the set elements are written
 	// to or deleted from; elems are those elements, in pieces (a full
-	// sync's are gathered from every port without copying them), and
-	// ports the ports whose endpoint elements follow them, made when the
-	// op is queued (see wanted); pieces has them all.
+	// sync's are gathered from every port without copying them).
 	set   *set
 	elems [][]element
-	ports []*portObjects
 }
-
-// pieces are the op's elements in pieces, the ports' endpoint elements
-// made now.
-func (o op) pieces() [][]element { return withEndpointElems(o.elems, o.ports) }
 
 // String renders the op in nft's command syntax, without the family and
 // table.
@@ -63,7 +56,7 @@ func (o op) String() string {
 	}
 	elems := func() string {
 		var s []string
-		for _, p := range o.pieces() {
+		for _, p := range o.elems {
 			for _, e := range p {
 				s = append(s, e.String())
 			}
@@ -166,8 +159,8 @@ func fullPlan(rs *ruleset, kt *kernelTable) (ops []op, stale []string) {
 		ops = appendRules(ops, c)
 	}
 	for _, name := range setNames {
-		if s := sets[name]; !s.dynamic() && len(want.elems[name])+len(want.endpoints[name]) > 0 {
-			ops = append(ops, op{kind: opAddElems, name: name, set: s, elems: want.elems[name], ports: want.endpoints[name]})
+		if s := sets[name]; !s.dynamic() && len(want.elems[name]) > 0 {
+			ops = append(ops, op{kind: opAddElems, name: name, set: s, elems: want.elems[name]})
 		}
 	}
 	return ops, stale
@@ -197,9 +190,6 @@ func appendRules(ops []op, c *chain) []op {
 type portChange struct {
 	name     model.ServicePortName
 	old, new *portObjects
-	// lostKey says new lacks a key of a shared map that another port
-	// holds (see ruleset.contested).
-	lostKey bool
 }
 
 // incrementalPlan rewrites only the objects of the changed ports: their
@@ -209,17 +199,14 @@ type portChange struct {
 // from it. Chains
 // that disappear are flushed here and returned as stale, to be deleted
 // by a later transaction.
-func incrementalPlan(changes []portChange, counted countedElems, endpointMaps refCounts) (ops []op, stale []string) {
+func incrementalPlan(changes []portChange, counted countedElems) (ops []op, stale []string) {
 	var delElems, flushChains, setOps, addSets, addChains, addRules, addElems, addCounted []op
-	// The ports' elements of the service-endpoints maps, by map; an
-	// element that stays the same (key, range and endpoint) is left
-	// alone. The maps are created when their first port appears and
-	// deleted when their last one goes.
-	delEndpoints, addEndpoints := map[string][][]element{}, map[string][][]element{}
-	endpointMapDefs := map[string]*set{}
-	endpointMapDelta := refCounts{}
 	for _, name := range countedSets {
-		del, add := countedChanges(changes, name, counted[name])
+		before, ok := counted[name]
+		if !ok {
+			continue // a service table: no counted sets
+		}
+		del, add := countedChanges(changes, name, before)
 		if len(del) > 0 {
 			delElems = append(delElems, op{kind: opDelElems, name: name, set: &set{name: name}, elems: [][]element{del}})
 		}
@@ -246,22 +233,6 @@ func incrementalPlan(changes []portChange, counted countedElems, endpointMaps re
 		for _, m := range nw.shared.sets() {
 			if added := missing(nw.shared.of(m), old.shared.of(m)); len(added) > 0 {
 				addElems = append(addElems, op{kind: opAddElems, name: m, set: sharedMap(m), elems: [][]element{added}})
-			}
-		}
-
-		oldEndpoints, newEndpoints := old.endpointElems(), nw.endpointElems()
-		if m := old.endpointMap; m != nil {
-			endpointMapDefs[m.name] = m
-			endpointMapDelta[m.name]--
-			if gone := missing(oldEndpoints, newEndpoints); len(gone) > 0 {
-				delEndpoints[m.name] = append(delEndpoints[m.name], gone)
-			}
-		}
-		if m := nw.endpointMap; m != nil {
-			endpointMapDefs[m.name] = m
-			endpointMapDelta[m.name]++
-			if added := missing(newEndpoints, oldEndpoints); len(added) > 0 {
-				addEndpoints[m.name] = append(addEndpoints[m.name], added)
 			}
 		}
 
@@ -312,24 +283,6 @@ func incrementalPlan(changes []portChange, counted countedElems, endpointMaps re
 				addChains = append(addChains, op{kind: opAddChain, name: n.Name, chain: n})
 				addRules = appendRules(addRules, n)
 			}
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(endpointMapDefs)) {
-		m := endpointMapDefs[name]
-		was := endpointMaps[name]
-		now := was + endpointMapDelta[name]
-		switch {
-		case was > 0 && now <= 0:
-			setOps = append(setOps, op{kind: opDelSet, name: name, set: m})
-			continue
-		case was <= 0 && now > 0:
-			addSets = append(addSets, op{kind: opAddSet, name: name, set: m})
-		}
-		if elems := delEndpoints[name]; len(elems) > 0 && was > 0 {
-			delElems = append(delElems, op{kind: opDelElems, name: name, set: m, elems: elems})
-		}
-		if elems := addEndpoints[name]; len(elems) > 0 {
-			addElems = append(addElems, op{kind: opAddElems, name: name, set: m, elems: elems})
 		}
 	}
 	// Release references (elements, then rules) before deleting sets;

@@ -17,46 +17,48 @@ import (
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
-// ruleHandles lists every rule of our table of family f, by chain, as
-// "chain#handle": a rule added by a sync gets a new handle.
+// ruleHandles lists every rule of our tables of family f, as
+// "table chain#handle": a rule added by a sync gets a new handle.
 func ruleHandles(t *testing.T, conn *nftables.Conn, f *family) []string {
 	t.Helper()
-	table := &nftables.Table{Name: TableName, Family: f.Table}
 	chains, err := conn.ListChainsOfTableFamily(f.Table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, c := range chains {
-		if c.Table.Name != TableName {
+		if !slices.Contains(TableNames(), c.Table.Name) {
 			continue
 		}
-		rules, err := conn.GetRules(table, c)
+		rules, err := conn.GetRules(c.Table, c)
 		if err != nil {
 			t.Fatalf("rules of %s: %v", c.Name, err)
 		}
 		for _, r := range rules {
-			out = append(out, c.Name+"#"+itoa(int32(r.Handle)))
+			out = append(out, viewKey(c.Table.Name, c.Name)+"#"+itoa(int32(r.Handle)))
 		}
 	}
 	slices.Sort(out)
 	return out
 }
 
-// TestKernelEndpointChangeAddsNoRule: endpoint changes of a service
+// TestKernelEndpointChangeReplacesOneRule: endpoint changes of a service
 // without ClientIP affinity (replace, add, remove, down to one, back)
-// leave every rule of the table as it was (same handles): only the
-// port's endpoint map and the hairpin set change, so the kernel has no
-// reason to re-validate the table.
-func TestKernelEndpointChangeAddsNoRule(t *testing.T) {
+// replace its DNAT rule, in its service table, and leave every other
+// rule of every table as it was (same handles): the only table the
+// kernel validates again is that service table.
+func TestKernelEndpointChangeReplacesOneRule(t *testing.T) {
 	ns, conn := kernelNS(t)
 	b := newBackend(t, ns)
 	m := testModel()
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	before := ruleHandles(t, conn, ipv4)
-
 	v4 := m.Ports[corev1.IPv4Protocol]
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	dnat := viewKey(serviceTableName(namesFor(web).table), namesFor(web).service) + "#"
+	others := func() []string {
+		return slices.DeleteFunc(ruleHandles(t, conn, ipv4), func(h string) bool { return strings.HasPrefix(h, dnat) })
+	}
+	before, rule := others(), ""
 	for _, eps := range [][]dt.PortOpt{
 		{dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080)},
 		{dt.EP("10.244.1.2", 8080), dt.EP("10.244.2.3", 8080), dt.EP("10.244.3.99", 8080), dt.EP("10.244.4.1", 8080, dt.Local)},
@@ -66,8 +68,17 @@ func TestKernelEndpointChangeAddsNoRule(t *testing.T) {
 		v4[web] = dt.Svc("default", "web", "http", "10.96.0.10", 80, eps...)
 		mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: model.ChangeSet{web: {}}})
 		assertProgrammed(t, ns, conn, m, b)
-		if after := ruleHandles(t, conn, ipv4); !slices.Equal(after, before) {
+		if after := others(); !slices.Equal(after, before) {
 			t.Errorf("rules changed with the endpoints of %s:\nbefore %v\nafter  %v", web, before, after)
+		}
+		i := slices.IndexFunc(ruleHandles(t, conn, ipv4), func(h string) bool { return strings.HasPrefix(h, dnat) })
+		if i < 0 {
+			t.Fatalf("no DNAT rule of %s", web)
+		}
+		if now := ruleHandles(t, conn, ipv4)[i]; now == rule {
+			t.Errorf("the DNAT rule of %s kept its handle %s through an endpoint change", web, now)
+		} else {
+			rule = now
 		}
 	}
 }
@@ -105,66 +116,51 @@ func TestKernelHairpin(t *testing.T) {
 	}
 }
 
-// TestKernelEndpointMapsComeAndGo: incremental syncs create a
-// service-endpoints map when its first port appears and delete it when
-// its last port goes; a full sync numbers the ports afresh.
-func TestKernelEndpointMapsComeAndGo(t *testing.T) {
+// TestKernelPortsInTheirServiceTables: each port's DNAT chain is in the
+// service table its name picks, and nowhere else, after full and
+// incremental syncs.
+func TestKernelPortsInTheirServiceTables(t *testing.T) {
 	ns, conn := kernelNS(t)
 	b := newBackend(t, ns)
-	v4 := dt.ManyPorts(20, 2) // ids 1-20: maps 0 and 1
+	v4 := dt.ManyPorts(40, 2)
 	m := &model.Snapshot{Ports: map[corev1.IPFamily]map[model.ServicePortName]*model.ServicePort{corev1.IPv4Protocol: v4, corev1.IPv6Protocol: {}}}
-	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m, b)
-	mapsNow := func() []string {
+	check := func(when string) {
+		t.Helper()
+		assertProgrammed(t, ns, conn, m, b)
 		v, _ := kernelView(t, ns, conn, ipv4)
-		var names []string
-		for name := range v.sets {
-			if strings.HasPrefix(name, prefixEndpointMap) {
-				names = append(names, name)
+		used := map[int]bool{}
+		for name := range v4 {
+			n := namesFor(name)
+			used[n.table] = true
+			for i := range serviceTables {
+				_, in := v.chains[viewKey(serviceTableName(i), n.service)]
+				if in != (i == n.table) {
+					t.Errorf("%s: chain %s in table %s: %v", when, n.service, serviceTableName(i), in)
+				}
 			}
 		}
-		slices.Sort(names)
-		return names
+		if len(v4) == 40 && len(used) < serviceTables/2 {
+			t.Errorf("%s: 40 ports in %d service tables", when, len(used))
+		}
 	}
-	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1"}) {
-		t.Fatalf("endpoint maps %v", got)
-	}
-
-	// The ports numbered 16-20 go: map 1 goes with them.
+	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
+	check("full sync")
 	changed := model.ChangeSet{}
-	for _, name := range model.SortedNames(v4)[15:] {
+	for _, name := range model.SortedNames(v4)[30:] {
 		delete(v4, name)
 		changed[name] = struct{}{}
 	}
-	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: changed})
-	assertProgrammed(t, ns, conn, m, b)
-	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0"}) {
-		t.Errorf("endpoint maps after deleting ports 16-20: %v", got)
-	}
-
-	// 20 new ports get ids 21-40: maps 1 and 2 appear.
-	changed = model.ChangeSet{}
-	for i := range 20 {
+	for i := range 5 {
 		sp := dt.Svc("new", fmt.Sprintf("svc-%d", i), "http", fmt.Sprintf("10.97.0.%d", i), 80, dt.EP(fmt.Sprintf("10.244.9.%d", i), 80))
 		v4[sp.Name] = sp
 		changed[sp.Name] = struct{}{}
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Changed: changed})
-	assertProgrammed(t, ns, conn, m, b)
-	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1", "service-endpoints-2"}) {
-		t.Errorf("endpoint maps after adding 20 ports: %v", got)
-	}
-
-	// A full sync numbers the 35 ports 1-35 again.
-	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	assertProgrammed(t, ns, conn, m, b)
-	if got := mapsNow(); !slices.Equal(got, []string{"service-endpoints-0", "service-endpoints-1", "service-endpoints-2"}) {
-		t.Errorf("endpoint maps after a full sync: %v", got)
-	}
+	check("incremental sync")
 }
 
 // TestKernelAffinityToggles: a port that gains ClientIP affinity moves
-// from the service-endpoints map to endpoint chains, and back.
+// from a DNAT rule's anonymous map to endpoint chains, and back.
 func TestKernelAffinityToggles(t *testing.T) {
 	ns, conn := kernelNS(t)
 	b := newBackend(t, ns)

@@ -1,10 +1,8 @@
 package nftables
 
 import (
-	"encoding/binary"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +16,8 @@ import (
 
 // stateOf is the backend's memory after a full sync of ports.
 func stateOf(ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) *familyState {
-	rs, claims := render(ipv4, ports, np)
-	return &familyState{rs: rs, claims: claims}
+	ts, claims := render(ipv4, ports, np)
+	return &familyState{ts: ts, claims: claims}
 }
 
 // withPort returns ports with sp replacing (or adding) its name.
@@ -27,6 +25,46 @@ func withPort(ports map[model.ServicePortName]*model.ServicePort, sp *model.Serv
 	out := maps.Clone(ports)
 	out[sp.Name] = sp
 	return out
+}
+
+// planned is the incremental plan of every table of st, flattened: ops[i]
+// is for the table named tables[i].
+type planned struct {
+	ops     []op
+	tables  []string
+	stale   []string
+	changes [][]portChange
+}
+
+// planIncremental plans, as Backend.incremental does, the sync of the
+// changed ports of ports.
+func planIncremental(st *familyState, ports map[model.ServicePortName]*model.ServicePort, changed model.ChangeSet, np *dataplane.NodePolicy) planned {
+	var p planned
+	p.changes, _ = planChanges(ipv4, st, ports, changed, np)
+	for i, rs := range st.ts {
+		ops, stale := incrementalPlan(p.changes[i], rs.counted)
+		p.ops = append(p.ops, ops...)
+		for range ops {
+			p.tables = append(p.tables, rs.name)
+		}
+		p.stale = append(p.stale, stale...)
+	}
+	return p
+}
+
+// apply does to st what Backend.incremental does after a commit of p.
+func (p planned) apply(st *familyState) {
+	for i, rs := range st.ts {
+		for _, ch := range p.changes[i] {
+			rs.counted.add(ch.old, -1)
+			if ch.new == nil {
+				delete(rs.ports, ch.name)
+				continue
+			}
+			rs.counted.add(ch.new, 1)
+			rs.ports[ch.name] = ch.new
+		}
+	}
 }
 
 func opStrings(ops []op) []string {
@@ -47,51 +85,56 @@ func TestIncrementalEndpointChangeTouchesOnlyItsPort(t *testing.T) {
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-17", Port: "http", Protocol: "TCP"}
 	changed := dt.Svc("ns", "svc-17", "http", "10.96.0.17", 80,
 		dt.EP("10.128.0.17", 8000), dt.EP("10.128.0.17", 8001), dt.EP("10.128.0.17", 9000))
-	ops, stale := incrementalPlan(planChanges(ipv4, st, withPort(ports, changed), model.ChangeSet{target: {}}, np), st.rs.counted, st.rs.endpointMaps)
+	p := planIncremental(st, withPort(ports, changed), model.ChangeSet{target: {}}, np)
 
-	// Only the port's range of the replaced endpoint changes: no rule,
-	// no chain, no verdict. The port's cluster choice is id<<1.
-	id := st.rs.ports[target].id
-	first, m := choiceKey(id<<1), endpointMapName(id)
-	last := strconv.Itoa(int(first+43690)) + "-" + strconv.Itoa(int(first+65535))
+	// The port's DNAT rule is replaced, in its service table only.
+	n := namesFor(target)
 	want := []string{
-		"delete element " + m + " { " + last + " : 10.128.0.17 . 8002 }",
-		"add element " + m + " { " + last + " : 10.128.0.17 . 9000 }",
+		"flush chain " + n.service,
+		"add rule " + n.service + " meta l4proto tcp dnat ip to numgen random mod 3 map { 0 : 10.128.0.17 . 8000, 1 : 10.128.0.17 . 8001, 2 : 10.128.0.17 . 9000 }",
 	}
-	if got := opStrings(ops); !slices.Equal(got, want) {
+	if got := opStrings(p.ops); !slices.Equal(got, want) {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if len(stale) != 0 {
-		t.Errorf("stale chains %v, want none", stale)
+	for _, table := range p.tables {
+		if table != serviceTableName(n.table) {
+			t.Errorf("plan writes table %s, want only %s", table, serviceTableName(n.table))
+		}
+	}
+	if len(p.stale) != 0 {
+		t.Errorf("stale chains %v, want none", p.stale)
 	}
 }
 
-// TestEndpointChangesAddNoRule checks the claim the design rests on: for
-// a service without affinity, no endpoint change (add, remove, replace,
-// all gone but one) adds a rule, a chain or a verdict-map element, which
-// would make the kernel re-validate the whole table.
-func TestEndpointChangesAddNoRule(t *testing.T) {
+// TestEndpointChangesStayInTheirTable checks the claim the layout rests
+// on: for a service without affinity, an endpoint change (add, remove,
+// replace, all gone but one) replaces its DNAT rule and writes nothing
+// else, in its service table, whose validation is all the kernel does
+// for it (but for the hairpin set of the main table, when an endpoint of
+// this node comes or goes).
+func TestEndpointChangesStayInTheirTable(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	ports := dt.ManyPorts(20, 3)
 	st := stateOf(ports, np)
 	target := model.ServicePortName{Namespace: "ns", Name: "svc-7", Port: "http", Protocol: "TCP"}
+	table := serviceTableName(namesFor(target).table)
 	for _, eps := range [][]dt.PortOpt{
 		{dt.EP("10.128.0.7", 8000), dt.EP("10.128.0.7", 8001), dt.EP("10.128.0.7", 8002), dt.EP("10.128.9.9", 80)},
 		{dt.EP("10.128.0.7", 8000)},
 		{dt.EP("10.128.5.5", 8000, dt.Terminating)},
 		{dt.EP("10.128.0.7", 8000), dt.EP("10.128.6.6", 8000, dt.Local)},
 	} {
-		next := withPort(ports, dt.Svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...))
-		ops, _ := incrementalPlan(planChanges(ipv4, st, next, model.ChangeSet{target: {}}, np), st.rs.counted, st.rs.endpointMaps)
-		if len(ops) == 0 {
+		p := planIncremental(st, withPort(ports, dt.Svc("ns", "svc-7", "http", "10.96.0.7", 80, eps...)), model.ChangeSet{target: {}}, np)
+		if len(p.ops) == 0 {
 			t.Errorf("no ops for a changed port")
 		}
-		for _, o := range ops {
+		for i, o := range p.ops {
 			switch {
-			case o.kind == opAddRule, o.kind == opAddChain, o.kind == opAddSet:
+			case p.tables[i] == TableName && o.name == setHairpin:
+			case p.tables[i] != table:
+				t.Errorf("endpoint change writes table %s: %s", p.tables[i], o)
+			case o.kind != opFlushChain && o.kind != opAddRule:
 				t.Errorf("endpoint change: %s", o)
-			case o.kind == opAddElems && slices.ContainsFunc(slices.Concat(o.pieces()...), func(e element) bool { return e.verdict != nil }):
-				t.Errorf("endpoint change adds a verdict: %s", o)
 			}
 		}
 	}
@@ -105,17 +148,17 @@ func TestHairpinRefCounts(t *testing.T) {
 	a := dt.Svc("ns", "a", "http", "10.96.0.1", 80, dt.EP("10.244.1.2", 80, dt.Local), dt.EP("10.244.1.3", 80, dt.Local), dt.EP("10.244.9.9", 80))
 	b := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.2", 81, dt.Local))
 	st := stateOf(dt.PortsOf(a, b), np)
-	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(st.rs.counted[setHairpin], want) {
-		t.Fatalf("hairpin counts %v, want %v", st.rs.counted[setHairpin], want)
+	counts := func(st *familyState) refCounts { return st.ts.main().counted[setHairpin] }
+	if want := (refCounts{"10.244.1.2 . 10.244.1.2": 2, "10.244.1.3 . 10.244.1.3": 1}); !maps.Equal(counts(st), want) {
+		t.Fatalf("hairpin counts %v, want %v", counts(st), want)
 	}
 	step := func(next *model.ServicePort, wantOps ...string) {
 		t.Helper()
 		ports := dt.PortsOf(a, b)
 		ports[next.Name] = next
-		changes := planChanges(ipv4, st, ports, model.ChangeSet{next.Name: {}}, np)
-		ops, _ := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
+		p := planIncremental(st, ports, model.ChangeSet{next.Name: {}}, np)
 		var got []string
-		for _, o := range ops {
+		for _, o := range p.ops {
 			if o.name == setHairpin {
 				got = append(got, o.String())
 			}
@@ -123,14 +166,7 @@ func TestHairpinRefCounts(t *testing.T) {
 		if !slices.Equal(got, wantOps) {
 			t.Errorf("hairpin ops %q, want %q", got, wantOps)
 		}
-		// What Backend.incremental does after a commit.
-		for _, ch := range changes {
-			st.rs.counted.add(ch.old, -1)
-			st.rs.counted.add(ch.new, 1)
-			st.rs.endpointMaps.addEndpointMap(ch.old, -1)
-			st.rs.endpointMaps.addEndpointMap(ch.new, 1)
-			st.rs.ports[ch.name] = ch.new
-		}
+		p.apply(st)
 		if next.Name == a.Name {
 			a = next
 		} else {
@@ -144,8 +180,8 @@ func TestHairpinRefCounts(t *testing.T) {
 		"delete element hairpin-endpoints { 10.244.1.2 . 10.244.1.2 }",
 		"add element hairpin-endpoints { 10.244.1.4 . 10.244.1.4 }")
 	// A full render agrees with the counts kept incrementally.
-	if full := stateOf(dt.PortsOf(a, b), np); !maps.Equal(full.rs.counted[setHairpin], st.rs.counted[setHairpin]) {
-		t.Errorf("incremental counts %v, full render %v", st.rs.counted[setHairpin], full.rs.counted[setHairpin])
+	if full := stateOf(dt.PortsOf(a, b), np); !maps.Equal(counts(full), counts(st)) {
+		t.Errorf("incremental counts %v, full render %v", counts(st), counts(full))
 	}
 }
 
@@ -159,16 +195,16 @@ func TestClusterIPRefCounts(t *testing.T) {
 	other := dt.Svc("ns", "b", "http", "10.96.0.2", 80, dt.EP("10.244.1.3", 80))
 	ports := dt.PortsOf(http, https, other)
 	st := stateOf(ports, np)
-	if want := (refCounts{"10.96.0.1": 2, "10.96.0.2": 1}); !maps.Equal(st.rs.counted[setClusterIPs], want) {
-		t.Fatalf("cluster IP counts %v, want %v", st.rs.counted[setClusterIPs], want)
+	counts := func(st *familyState) refCounts { return st.ts.main().counted[setClusterIPs] }
+	if want := (refCounts{"10.96.0.1": 2, "10.96.0.2": 1}); !maps.Equal(counts(st), want) {
+		t.Fatalf("cluster IP counts %v, want %v", counts(st), want)
 	}
 	remove := func(name model.ServicePortName, wantOps ...string) {
 		t.Helper()
 		delete(ports, name)
-		changes := planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np)
-		ops, _ := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
+		p := planIncremental(st, ports, model.ChangeSet{name: {}}, np)
 		var got []string
-		for _, o := range ops {
+		for _, o := range p.ops {
 			if o.name == setClusterIPs {
 				got = append(got, o.String())
 			}
@@ -176,17 +212,14 @@ func TestClusterIPRefCounts(t *testing.T) {
 		if !slices.Equal(got, wantOps) {
 			t.Errorf("cluster-ips ops %q, want %q", got, wantOps)
 		}
-		for _, ch := range changes {
-			st.rs.counted.add(ch.old, -1)
-			delete(st.rs.ports, ch.name)
-		}
+		p.apply(st)
 	}
 	// The service keeps its https port: its cluster IP stays.
 	remove(http.Name)
 	// Its last port goes, and the cluster IP with it.
 	remove(https.Name, "delete element cluster-ips { 10.96.0.1 }")
-	if full := stateOf(ports, np); !maps.Equal(full.rs.counted[setClusterIPs], st.rs.counted[setClusterIPs]) {
-		t.Errorf("incremental counts %v, full render %v", st.rs.counted[setClusterIPs], full.rs.counted[setClusterIPs])
+	if full := stateOf(ports, np); !maps.Equal(counts(full), counts(st)) {
+		t.Errorf("incremental counts %v, full render %v", counts(st), counts(full))
 	}
 }
 
@@ -204,33 +237,15 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 	cc := *ports[c]
 	cc.AffinityTimeout = time.Hour
 	next[c] = &cc
-	changes := planChanges(ipv4, st, next, model.ChangeSet{a: {}, b: {}, c: {}}, np)
-	ops, stale := incrementalPlan(changes, st.rs.counted, st.rs.endpointMaps)
+	p := planIncremental(st, next, model.ChangeSet{a: {}, b: {}, c: {}}, np)
+	ops, stale := p.ops, p.stale
 
 	allowed := []string{namesFor(a).base, namesFor(b).base, namesFor(c).base}
 	for _, o := range ops {
 		s := o.String()
-		if strings.HasPrefix(o.name, prefixEndpointMap) {
-			// Each element's key lies in the range of a changed port's
-			// cluster choice, in that port's map.
-			ownedByChanged := func(e element) bool {
-				key := binary.BigEndian.Uint32(e.key())
-				return slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
-					id := st.rs.ports[name].id
-					first := choiceKey(id << 1)
-					return o.name == endpointMapName(id) && key >= first && key < first+numgenRange
-				})
-			}
-			for _, e := range slices.Concat(o.pieces()...) {
-				if !ownedByChanged(e) {
-					t.Errorf("op touches another port's endpoint: %s", s)
-				}
-			}
-			continue
-		}
 		if o.name == setHairpin {
 			// a's and b's endpoints go (no other port has them).
-			for _, e := range slices.Concat(o.pieces()...) {
+			for _, e := range slices.Concat(o.elems...) {
 				if !strings.HasPrefix(e.text, ports[a].Endpoints[0].IP.String()+" ") && !strings.HasPrefix(e.text, ports[b].Endpoints[0].IP.String()+" ") {
 					t.Errorf("op touches another port's hairpin element: %s", s)
 				}
@@ -239,7 +254,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		}
 		if o.name == setClusterIPs {
 			// b's cluster IP goes (b was its service's only port).
-			for _, e := range slices.Concat(o.pieces()...) {
+			for _, e := range slices.Concat(o.elems...) {
 				if o.kind != opDelElems || e.text != ports[b].ClusterIP.String() {
 					t.Errorf("op touches another port's cluster IP: %s", s)
 				}
@@ -249,7 +264,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		if sharedMaps[o.name] {
 			// Elements of shared maps must all belong to a changed port:
 			// they go to its chains or carry its name.
-			for _, e := range slices.Concat(o.pieces()...) {
+			for _, e := range slices.Concat(o.elems...) {
 				if !slices.ContainsFunc([]model.ServicePortName{a, b, c}, func(name model.ServicePortName) bool {
 					n := namesFor(name)
 					return e.comment == n.comment || portHash(e.verdict.Chain) == portHash(n.service)
@@ -268,7 +283,7 @@ func TestIncrementalOnlyNamesChangedPorts(t *testing.T) {
 		// a: cluster IP goes from its service chain to reject.
 		"delete element service-ips { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(a).service,
 		"add element no-endpoint-services { " + ports[a].ClusterIP.String() + " . tcp . 80 : goto reject-chain",
-		"delete element " + endpointMapName(st.rs.ports[a].id) + " { " + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1))) + "-" + strconv.Itoa(int(choiceKey(st.rs.ports[a].id<<1)+32767)) + " : ",
+		"flush chain " + namesFor(a).service,
 		// b: gone entirely.
 		"delete element service-ips { " + ports[b].ClusterIP.String() + " . tcp . 80 : goto " + namesFor(b).service,
 		"flush chain " + namesFor(b).service,
@@ -291,13 +306,12 @@ func TestIncrementalUnchangedPortIsNoop(t *testing.T) {
 	ports := dt.ManyPorts(10, 3)
 	st := stateOf(ports, np)
 	name := model.SortedNames(ports)[4]
-	ops, stale := incrementalPlan(planChanges(ipv4, st, ports, model.ChangeSet{name: {}}, np), st.rs.counted, st.rs.endpointMaps)
-	if len(ops) != 0 || len(stale) != 0 {
-		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(ops), stale)
+	if p := planIncremental(st, ports, model.ChangeSet{name: {}}, np); len(p.ops) != 0 || len(p.stale) != 0 {
+		t.Errorf("re-syncing an unchanged port: %v, stale %v", opStrings(p.ops), p.stale)
 	}
 	missingName := model.ServicePortName{Namespace: "ns", Name: "never-existed", Protocol: "TCP"}
-	if ch := planChanges(ipv4, st, ports, model.ChangeSet{missingName: {}}, np); len(ch) != 0 {
-		t.Errorf("deleting a port never programmed: %v", ch)
+	if p := planIncremental(st, ports, model.ChangeSet{missingName: {}}, np); slices.ContainsFunc(p.changes, func(ch []portChange) bool { return len(ch) > 0 }) {
+		t.Errorf("deleting a port never programmed: %v", p.changes)
 	}
 }
 
@@ -306,28 +320,28 @@ func TestSharedKeyConflicts(t *testing.T) {
 	// Two services claim external IP 198.18.50.5 port 80.
 	first := dt.Svc("a", "first", "http", "10.96.0.1", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.1", 80))
 	second := dt.Svc("b", "second", "http", "10.96.0.2", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.2", 80))
-	rs, claims := render(ipv4, dt.PortsOf(first, second), np)
-	owner := func(rs *ruleset) string {
+	ts, claims := render(ipv4, dt.PortsOf(first, second), np)
+	var owners []string
+	for _, rs := range ts {
 		for name, objs := range rs.ports {
 			for _, e := range objs.shared.of(mapServiceIPs) {
 				if strings.HasPrefix(e.text, "198.18.50.5 ") {
-					return name.Name
+					owners = append(owners, name.Name)
 				}
 			}
 		}
-		return ""
 	}
-	if got := owner(rs); got != "first" {
-		t.Fatalf("external IP owned by %q, want the first by name", got)
+	if !slices.Equal(owners, []string{"first"}) {
+		t.Fatalf("external IP owned by %q, want the first by name only", owners)
 	}
 	// An incremental sync of the second port keeps away from the key.
-	st := &familyState{rs: rs, claims: claims}
+	st := &familyState{ts: ts, claims: claims}
 	second2 := dt.Svc("b", "second", "http", "10.96.0.2", 80, dt.ExternalIPs("198.18.50.5"), dt.EP("10.244.1.2", 80), dt.EP("10.244.1.3", 80))
-	ops, _ := incrementalPlan(planChanges(ipv4, st, dt.PortsOf(first, second2), model.ChangeSet{second.Name: {}}, np), st.rs.counted, st.rs.endpointMaps)
-	if len(ops) == 0 {
+	p := planIncremental(st, dt.PortsOf(first, second2), model.ChangeSet{second.Name: {}}, np)
+	if len(p.ops) == 0 {
 		t.Fatal("no ops for a changed port")
 	}
-	for _, o := range ops {
+	for _, o := range p.ops {
 		if o.name == mapServiceIPs && strings.Contains(o.String(), "198.18.50.5") {
 			t.Errorf("incremental sync of the second port touches the first's key: %s", o)
 		}
@@ -337,10 +351,11 @@ func TestSharedKeyConflicts(t *testing.T) {
 func TestFullPlanInPlace(t *testing.T) {
 	np := newNodePolicy(ipv4, testConfig)
 	sp := dt.Svc("default", "session", "http", "10.96.0.30", 80, dt.Affinity(time.Hour), dt.EP("10.244.1.2", 8080))
-	rs, _ := render(ipv4, dt.PortsOf(sp), np)
+	ts, _ := render(ipv4, dt.PortsOf(sp), np)
+	rs := ts.service(namesFor(sp.Name).table) // the table of the port's chains and sets
 	_, affinitySet := endpointNames(namesFor(sp.Name).base, sp.Endpoints[0])
 
-	// The kernel has the table from an earlier agent: the same objects,
+	// The kernel has the service table from an earlier agent: the same objects,
 	// plus a stale chain, a base chain at the wrong priority and a
 	// service-ips map, and the affinity set with its state.
 	kt := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}

@@ -18,25 +18,26 @@ import (
 func TestListingLoadsBack(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
-			listed := programScenario(t, sc)
+			listed, tables := programScenario(t, sc)
 			other := loadListing(t, listed)
-			nfttest.Equal(t, "loaded back", nfttest.List(t, other.NS(), familyOf(sc.Family).Name, TableName), listed)
+			nfttest.Equal(t, "loaded back", listTables(t, other, familyOf(sc.Family), tables), listed)
 			checkTakenOver(t, sc, other)
 		})
 	}
 }
 
-// TestFullSyncDescribesOldMaps: a map of numgen keys that does not carry
-// nft's description of it (made by an agent before it wrote one, listed
-// as "type 0"; here one that describes another modulus) is made anew by
-// the next full sync, so the listing of an upgraded node loads back too.
+// TestFullSyncDescribesOldMaps: a map of numgen keys (ClientIP
+// affinity's) that does not carry nft's description of it (made by an
+// agent before it wrote one, listed as "type 0"; here one that describes
+// another modulus) is made anew by the next full sync, so the listing of
+// an upgraded node loads back too.
 func TestFullSyncDescribesOldMaps(t *testing.T) {
 	for _, sc := range dt.Scenarios() {
-		if sc.Name != "clusterip" && sc.Name != "affinity" {
+		if sc.Name != "affinity" {
 			continue
 		}
 		t.Run(sc.Name, func(t *testing.T) {
-			listed := programScenario(t, sc)
+			listed, _ := programScenario(t, sc)
 			old := strings.ReplaceAll(listed, "typeof numgen random mod 65536 :", "typeof numgen random mod 4096 :")
 			if old == listed {
 				t.Fatal("the listing has no map of numgen keys")
@@ -46,9 +47,11 @@ func TestFullSyncDescribesOldMaps(t *testing.T) {
 	}
 }
 
-// programScenario programs scenario sc's table into a namespace of its
-// own and returns nft's listing of it.
-func programScenario(t *testing.T, sc dt.Scenario) string {
+// programScenario programs scenario sc's tables into a namespace of its
+// own and returns nft's listing of the main table and of the service
+// tables that hold a port's objects (as tables.String dumps them), and
+// their names.
+func programScenario(t *testing.T, sc dt.Scenario) (listing string, tables []string) {
 	t.Helper()
 	ns, _ := kernelNS(t)
 	b, err := New(sc.Config, WithNetNS(ns.NS()))
@@ -56,7 +59,24 @@ func programScenario(t *testing.T, sc dt.Scenario) string {
 		t.Fatal(err)
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
-	return nfttest.List(t, ns.NS(), familyOf(sc.Family).Name, TableName)
+	f := familyOf(sc.Family)
+	for i, rs := range b.state[f].ts {
+		if i == 0 || rs.holdsPorts() {
+			tables = append(tables, rs.name)
+		}
+	}
+	return listTables(t, ns, f, tables), tables
+}
+
+// listTables is nft's listing of tables of family f in ns, one after the
+// other as tables.String dumps them.
+func listTables(t *testing.T, ns *netlab.NetNS, f *family, tables []string) string {
+	t.Helper()
+	var listings []string
+	for _, name := range tables {
+		listings = append(listings, nfttest.List(t, ns.NS(), f.Name, name))
+	}
+	return strings.Join(listings, "\n")
 }
 
 // loadListing loads a listing with `nft -f` into a new namespace.
@@ -80,5 +100,7 @@ func checkTakenOver(t *testing.T, sc dt.Scenario, ns *netlab.NetNS) {
 	}
 	mustSync(t, b, dataplane.SyncRequest{Model: dt.Snapshot(sc.Ports...), Full: true})
 	f := familyOf(sc.Family)
-	nfttest.Equal(t, "taken over", nfttest.List(t, ns.NS(), f.Name, TableName), b.state[f].rs.String())
+	for _, rs := range b.state[f].ts {
+		nfttest.Equal(t, "taken over, "+rs.name, nfttest.List(t, ns.NS(), f.Name, rs.name), rs.String())
+	}
 }

@@ -2,10 +2,9 @@ package nftables
 
 import (
 	"cmp"
-	"encoding/binary"
 	"net/netip"
 	"slices"
-	"strconv"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -26,7 +25,11 @@ const (
 	// after every DNAT of the output hook, its and iptables' included.
 	priorityFilterPostDNAT = nftables.ChainPriority(-90)  // dstnat+10
 	priorityDNAT           = nftables.ChainPriority(-110) // dstnat-10
-	prioritySNAT           = nftables.ChainPriority(90)   // srcnat-10
+	// priorityMark is the main table's nat chains': before every service
+	// table's, since the kernel calls no nat chain after one that NATed
+	// the connection.
+	priorityMark = nftables.ChainPriority(-111) // dstnat-11
+	prioritySNAT = nftables.ChainPriority(90)   // srcnat-10
 )
 
 // newNodePolicy returns the node's policy for family f.
@@ -35,44 +38,73 @@ func newNodePolicy(f *family, cfg dataplane.NodeConfig) *dataplane.NodePolicy {
 	return &np
 }
 
-// render describes the whole table of family f for the model's ports of
-// that family, as np (the node's policy for that family) decides them. It
-// is pure: the same input always gives the same ruleset. Ports are
-// numbered (portObjects.id) in name order.
+// render describes the tables of family f for the model's ports of that
+// family, as np (the node's policy for that family) decides them. It is
+// pure: the same input always gives the same rulesets.
 // When two ports claim the same key in a shared map (two services with
 // one external IP and port), the first by name keeps it; claims records
 // who holds which key.
-func render(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) (rs *ruleset, claims claimIndex) {
-	return renderIDs(f, ports, np, nil)
-}
-
-// renderIDs is render with the ports' ids taken from ids where it has
-// them (the others get ids above all of those): what a table synced
-// incrementally since its last full sync must hold.
-func renderIDs(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy,
-	ids map[model.ServicePortName]uint32) (rs *ruleset, claims claimIndex) {
-	rs = &ruleset{f: f, ports: make(map[model.ServicePortName]*portObjects, len(ports)), counted: newCountedElems(), endpointMaps: refCounts{}, nextID: 1}
-	for _, id := range ids {
-		rs.nextID = max(rs.nextID, id+1)
-	}
-	rs.chains, rs.sets = renderFixed(f, np)
+func render(f *family, ports map[model.ServicePortName]*model.ServicePort, np *dataplane.NodePolicy) (ts tables, claims claimIndex) {
+	ts = emptyTables(f, np)
 	claims = claimIndex{}
 	for _, name := range model.SortedNames(ports) {
-		id, ok := ids[name]
-		if !ok {
-			id = rs.nextID
-			rs.nextID++
-		}
-		objs := renderPort(f, ports[name], np, id)
+		objs := renderPort(f, ports[name], np)
 		if claims.claim(name, objs) {
-			rs.contested = true
+			ts.main().contested = true
 		}
-		rs.ports[name] = objs
-		rs.counted.add(objs, 1)
-		rs.endpointMaps.addEndpointMap(objs, 1)
+		ts.add(name, objs)
 	}
-	return rs, claims
+	return ts, claims
 }
+
+// emptyTables are family f's tables with their fixed objects only.
+func emptyTables(f *family, np *dataplane.NodePolicy) tables {
+	mainChains, mainSets, serviceChains, serviceSets := renderFixed(f, np)
+	ts := tables{{f: f, name: TableName, chains: mainChains, sets: mainSets, ports: map[model.ServicePortName]*portObjects{}, counted: newCountedElems()}}
+	for i := range serviceTables {
+		ts = append(ts, &ruleset{f: f, name: serviceTableName(i), chains: serviceChains, sets: serviceSets,
+			ports: map[model.ServicePortName]*portObjects{}, counted: countedElems{}})
+	}
+	return ts
+}
+
+// add puts the two parts of a port's objects (split) in their tables.
+func (ts tables) add(name model.ServicePortName, objs *portObjects) {
+	main, service := split(objs)
+	ts.main().ports[name] = main
+	ts.main().counted.add(main, 1)
+	ts.service(objs.table).ports[name] = service
+}
+
+// split parts a port's objects into those of the main table (its
+// firewall chain, its elements in the filter hooks' maps and in the
+// counted sets) and those of its service table (its elements in the
+// dispatch maps, and every other chain and set).
+func split(objs *portObjects) (main, service *portObjects) {
+	main = &portObjects{counted: objs.counted, table: objs.table}
+	service = &portObjects{sets: objs.sets, anonElems: objs.anonElems, endpoints: objs.endpoints, table: objs.table}
+	for _, c := range objs.chains {
+		if strings.HasPrefix(c.Name, prefixFirewall) {
+			main.chains = append(main.chains, c)
+		} else {
+			service.chains = append(service.chains, c)
+		}
+	}
+	for _, sh := range objs.shared {
+		part := main
+		if dispatchMaps[sh.set] {
+			part = service
+		}
+		part.shared = append(part.shared, sh)
+	}
+	service.countsPort = len(service.shared) > 0
+	main.countsPort = !service.countsPort && len(main.shared) > 0
+	return main, service
+}
+
+// dispatchMaps are the shared maps of the service tables: those that
+// send a new connection to its port's chains.
+var dispatchMaps = map[string]bool{mapServiceIPs: true, mapServiceNodePorts: true}
 
 // claimIndex records which port owns each key of the shared maps.
 type claimIndex map[string]map[string]model.ServicePortName
@@ -115,8 +147,9 @@ func (c claimIndex) release(name model.ServicePortName, objs *portObjects) {
 	}
 }
 
-// renderFixed returns the chains and sets every table has.
-func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
+// renderFixed returns the chains and sets the main table has whatever
+// the services, and those each service table has.
+func renderFixed(f *family, np *dataplane.NodePolicy) (mainChains []*chain, mainSets []*set, serviceChains []*chain, serviceSets []*set) {
 	base := func(name string, typ nftables.ChainType, hookName string, num uint32, prio nftables.ChainPriority, rules ...*nft.Builder) *chain {
 		return &chain{Name: name, Hook: &hook{Type: typ, Name: hookName, Num: nftables.ChainHook(num), Priority: prio}, Rules: built(rules)}
 	}
@@ -125,7 +158,27 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 	}
 	r := func() *nft.Builder { return nft.NewRule(f) }
 
-	chains := []*chain{
+	// Cluster-IP traffic is marked for masquerading by one rule for every
+	// port (the ports put their cluster IP in cluster-ips), before a
+	// service table's DNAT. Traffic to a port the cluster IP does not
+	// have is marked too, and rejected after DNAT (cluster-ips-check): it
+	// never leaves the node.
+	var mark []*nft.Builder
+	switch {
+	case np.MasqueradeAll:
+		mark = append(mark, r().AddrInSet("daddr", false, setClusterIPs).Jump(chainMarkMasq))
+	case len(np.ClusterCIDRs) > 0:
+		mark = append(mark, r().AddrInSet("daddr", false, setClusterIPs).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
+	}
+	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
+	services := []*nft.Builder{r().VmapService(mapServiceIPs)}
+	if nodePort := nodePortMatch(f, np); nodePort != nil {
+		services = append(services, nodePort().VmapProtoPort(mapServiceNodePorts))
+		endpointCheck = append(endpointCheck, nodePort().VmapProtoPort(mapNoEndpointNodePorts))
+	}
+	markMasq := regular(chainMarkMasq, r().MarkSet(np.MasqueradeMark))
+
+	mainChains = []*chain{
 		// Before DNAT: the destination is still the service address.
 		base(chainFilterPrerouting, nftables.ChainTypeFilter, "prerouting", unix.NF_INET_PRE_ROUTING, priorityFilter,
 			r().CtStateNew().Jump(chainFirewallCheck)),
@@ -141,34 +194,10 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		// ports.
 		base(chainFilterOutputPost, nftables.ChainTypeFilter, "output", unix.NF_INET_LOCAL_OUT, priorityFilterPostDNAT,
 			r().CtStateNew().Jump(chainClusterIPCheck)),
-		base(chainNATPrerouting, nftables.ChainTypeNAT, "prerouting", unix.NF_INET_PRE_ROUTING, priorityDNAT,
-			r().Jump(chainServices)),
-		base(chainNATOutput, nftables.ChainTypeNAT, "output", unix.NF_INET_LOCAL_OUT, priorityDNAT,
-			r().Jump(chainServices)),
+		base(chainNATPrerouting, nftables.ChainTypeNAT, "prerouting", unix.NF_INET_PRE_ROUTING, priorityMark, mark...),
+		base(chainNATOutput, nftables.ChainTypeNAT, "output", unix.NF_INET_LOCAL_OUT, priorityMark, mark...),
 		base(chainNATPostrouting, nftables.ChainTypeNAT, "postrouting", unix.NF_INET_POST_ROUTING, prioritySNAT,
 			r().Jump(chainMasquerading)),
-	}
-
-	// Cluster-IP traffic is marked for masquerading here, by one rule for
-	// every port (the ports put their cluster IP in cluster-ips), before
-	// the dispatch sends it to the port's chain. Traffic to a port the
-	// cluster IP does not have is marked too, and rejected after DNAT
-	// (cluster-ips-check): it never leaves the node.
-	var services []*nft.Builder
-	switch {
-	case np.MasqueradeAll:
-		services = append(services, r().AddrInSet("daddr", false, setClusterIPs).Jump(chainMarkMasq))
-	case len(np.ClusterCIDRs) > 0:
-		services = append(services, r().AddrInSet("daddr", false, setClusterIPs).AddrInSet("saddr", true, setClusterCIDRs).Jump(chainMarkMasq))
-	}
-	services = append(services, r().VmapService(mapServiceIPs))
-	endpointCheck := []*nft.Builder{r().VmapService(mapNoEndpointServices)}
-	if nodePort := nodePortMatch(f, np); nodePort != nil {
-		services = append(services, nodePort().VmapProtoPort(mapServiceNodePorts))
-		endpointCheck = append(endpointCheck, nodePort().VmapProtoPort(mapNoEndpointNodePorts))
-	}
-	chains = append(chains,
-		regular(chainServices, services...),
 		regular(chainEndpointCheck, endpointCheck...),
 		regular(chainFirewallCheck, r().VmapService(mapFirewallIPs)),
 		regular(chainClusterIPCheck, r().AddrInSet("daddr", false, setClusterIPs).Goto(chainReject)),
@@ -176,7 +205,7 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 		// forwarded or local connection did not reliably reach the
 		// client's socket in our tests, a reset does in both families.
 		regular(chainReject, r().RejectTCP(), r().Reject()),
-		regular(chainMarkMasq, r().MarkSet(np.MasqueradeMark)),
+		markMasq,
 		regular(chainMasquerading,
 			// Hairpin (an endpoint reached itself through a service) is
 			// marked here, before the mark is tested, so that every
@@ -185,8 +214,17 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 			r().MarkUnset(np.MasqueradeMark).Return(),
 			r().MarkClear(np.MasqueradeMark),
 			r().Masquerade()),
-	)
-	slices.SortFunc(chains[len(baseChainNames):], func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	serviceChains = []*chain{
+		base(chainNATPrerouting, nftables.ChainTypeNAT, "prerouting", unix.NF_INET_PRE_ROUTING, priorityDNAT,
+			r().Jump(chainServices)),
+		base(chainNATOutput, nftables.ChainTypeNAT, "output", unix.NF_INET_LOCAL_OUT, priorityDNAT,
+			r().Jump(chainServices)),
+		markMasq,
+		regular(chainServices, services...),
+	}
+	sortRegular(mainChains)
+	sortRegular(serviceChains)
 
 	addrProtoPort := nftables.MustConcatSetType(f.AddrType, nftables.TypeInetProto, nftables.TypeInetService)
 	protoPort := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
@@ -194,39 +232,47 @@ func renderFixed(f *family, np *dataplane.NodePolicy) ([]*chain, []*set) {
 	vmap := func(name string, t nftables.SetDatatype, text string) *set {
 		return &set{name: name, keyType: t, keyText: text, verdictMap: true}
 	}
-	sets := []*set{
+	mainSets = []*set{
 		vmap(mapFirewallIPs, addrProtoPort, addrText),
 		vmap(mapNoEndpointNodePorts, protoPort, "inet_proto . inet_service"),
 		vmap(mapNoEndpointServices, addrProtoPort, addrText),
-		vmap(mapServiceIPs, addrProtoPort, addrText),
-		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
 		// Their elements belong to the service ports, counted in
 		// ruleset.counted.
 		{name: setHairpin, keyType: nftables.MustConcatSetType(f.AddrType, f.AddrType), keyText: f.AddrType.Name + " . " + f.AddrType.Name},
 		{name: setClusterIPs, keyType: f.AddrType, keyText: f.AddrType.Name},
 	}
+	serviceSets = []*set{
+		vmap(mapServiceIPs, addrProtoPort, addrText),
+		vmap(mapServiceNodePorts, protoPort, "inet_proto . inet_service"),
+	}
+	// Both kinds of table match sources in the pod networks (the main
+	// table to mark cluster-IP traffic, the external chains to route it)
+	// and NodePort addresses.
 	if len(np.ClusterCIDRs) > 0 {
 		s := &set{name: setClusterCIDRs, keyType: f.AddrType, keyText: f.AddrType.Name, interval: true}
 		for _, p := range np.ClusterCIDRs {
 			s.elems = append(s.elems, prefixElement(f, p))
 		}
-		sets = append(sets, s)
+		mainSets, serviceSets = append(mainSets, s), append(serviceSets, s)
 	}
 	if !np.NodePortsAnyLocal && len(np.NodePortIPs) > 0 {
 		s := &set{name: setNodePortIPs, keyType: f.AddrType, keyText: f.AddrType.Name}
 		for _, ip := range np.NodePortIPs {
 			s.elems = append(s.elems, newElement(f.Bytes(ip), nil, nil, ip.String(), ""))
 		}
-		sets = append(sets, s)
+		mainSets, serviceSets = append(mainSets, s), append(serviceSets, s)
 	}
-	slices.SortFunc(sets, func(a, b *set) int { return cmp.Compare(a.name, b.name) })
-	return chains, sets
+	bySetName := func(a, b *set) int { return cmp.Compare(a.name, b.name) }
+	slices.SortFunc(mainSets, bySetName)
+	slices.SortFunc(serviceSets, bySetName)
+	return mainChains, mainSets, serviceChains, serviceSets
 }
 
-// baseChainNames lists the base chains in the order renderFixed returns
-// them.
-var baseChainNames = []string{chainFilterPrerouting, chainFilterInput, chainFilterForward, chainFilterOutput,
-	chainFilterOutputPost, chainNATPrerouting, chainNATOutput, chainNATPostrouting}
+// sortRegular sorts the chains after the base chains by name.
+func sortRegular(chains []*chain) {
+	first := slices.IndexFunc(chains, func(c *chain) bool { return c.Hook == nil })
+	slices.SortFunc(chains[first:], func(a, b *chain) int { return cmp.Compare(a.Name, b.Name) })
+}
 
 // nodePortMatch returns a function starting a rule that matches packets
 // to a NodePort address, or nil if the family has no NodePort addresses.
@@ -249,28 +295,12 @@ func built(rbs []*nft.Builder) []rule {
 	return rules
 }
 
-// numgenRange is the modulus of the random number the endpoint-choosing
-// rule draws: fixed, so that the rule never changes when endpoints come
-// and go; the service-endpoints map splits [0, numgenRange) among the
-// endpoints.
-const numgenRange = 65536
-
-// choiceKey is the first key of an endpoint choice in its
-// service-endpoints map: the rule adds it to the random number as its
-// numgen offset, so that a choice's keys are [choiceKey, choiceKey +
-// numgenRange). A map holds the choices of endpointMapPorts ports, two
-// each (cluster and local), numbered within the map: the keys stay below
-// 2*endpointMapPorts*numgenRange (2 097 152), short to list and to store.
-func choiceKey(choice uint32) uint32 {
-	return choice % (2 * endpointMapPorts) * numgenRange
-}
-
 // renderPort describes the objects of one service port, as np's policy
-// for it decides; id numbers the port (portObjects.id).
-func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id uint32) *portObjects {
+// for it decides, in both its tables (see split).
+func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy) *portObjects {
 	pol := np.PortPolicy(sp)
 	n := namesFor(sp.Name)
-	objs := &portObjects{id: id}
+	objs := &portObjects{table: n.table}
 	proto := nft.ProtoNumber(sp.Protocol)
 	protoText := nft.ProtoName(proto)
 	r := func() *nft.Builder { return nft.NewRule(f) }
@@ -346,10 +376,10 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 
 	// The endpoint-choosing chains, with their maps, and the endpoints.
 	if pol.Cluster != nil {
-		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, id<<1, pol.Cluster)
+		objs.addPolicyChain(f, sp, n, n.service, n.serviceMap, pol.Cluster)
 	}
 	if pol.Local != nil {
-		objs.addPolicyChain(f, sp, n, n.local, n.localMap, id<<1|1, pol.Local)
+		objs.addPolicyChain(f, sp, n, n.local, n.localMap, pol.Local)
 	}
 	// Hairpin: an endpoint reaching its own service must see the reply
 	// come from the node, not from itself. The masquerading chain
@@ -359,7 +389,6 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 	// have pairs, as in kube-proxy.
 	seen := map[netip.Addr]bool{}
 	for _, ep := range pol.Endpoints() {
-		objs.endpoints++
 		if ep.IsLocal && !seen[ep.IP] {
 			seen[ep.IP] = true
 			objs.counted.add(setHairpin, hairpinElement(f, ep.IP))
@@ -369,6 +398,7 @@ func renderPort(f *family, sp *model.ServicePort, np *dataplane.NodePolicy, id u
 		}
 		// ClientIP affinity: one chain per endpoint, which records the
 		// client in the endpoint's affinity set and DNATs.
+		objs.endpoints++
 		chainName, affinity := endpointNames(n.base, ep)
 		objs.chains = append(objs.chains, &chain{Name: chainName, Rules: []rule{
 			r().UpdateSaddr(affinity).Rule(),
@@ -413,38 +443,34 @@ func externalChain(f *family, rules []dataplane.ExternalRule, name string, targe
 	return c
 }
 
-// addPolicyChain adds a chain choosing one of eps at random, and the map
-// it chooses with. (Cluster-IP traffic is marked for masquerading before
-// it gets here, in the services chain.)
+// addPolicyChain adds a chain choosing one of eps at random. (Cluster-IP
+// traffic is marked for masquerading before it gets here, in the main
+// table.)
 //
-// Without ClientIP affinity, the chain ends with one rule that never
-// changes: DNAT to the address and port the port's service-endpoints map
-// holds for choiceKey(choice) + n, n a random number in [0, numgenRange)
-// and choice this chain's number (the port's id, and which of its two
-// chains), the map splitting the range among the endpoints. An endpoint
-// change rewrites the port's elements of the map only, which (unlike a
-// new rule or a verdict-map element that jumps) does not make the kernel
-// re-validate the table. A map serves endpointMapPorts ports, see there
-// why.
+// Without ClientIP affinity, the chain is one rule: DNAT to an endpoint
+// drawn from an anonymous map of eps (nft.Builder.DNATRandom), as
+// kube-proxy writes it. An endpoint change replaces the rule, which
+// makes the kernel validate the rule's table: the port's service table,
+// a sixteenth of the service ports (see serviceTables).
 //
 // With affinity, the chain first sends clients found in an endpoint's
 // affinity set to that endpoint's chain, then picks an endpoint chain
 // through a numgen verdict map: the endpoint chain records the client.
-func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string,
-	choice uint32, eps []model.Endpoint) {
+func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n servicePortNames, name, mapName string, eps []model.Endpoint) {
 	r := func() *nft.Builder { return nft.NewRule(f) }
 	c := &chain{Name: name}
 	if sp.AffinityTimeout == 0 {
-		if objs.endpointMap == nil {
-			objs.endpointMap = &set{name: endpointMapName(objs.id), keyType: nftables.TypeInteger, keyText: "integer", interval: true, numgenKey: numgenRange,
-				dataType: nftables.MustConcatSetType(f.AddrType, nftables.TypeInetService), dataText: f.AddrType.Name + " . inet_service"}
+		to := make([]netip.AddrPort, len(eps))
+		for i, ep := range eps {
+			to[i] = netip.AddrPortFrom(ep.IP, uint16(ep.Port))
 		}
-		objs.endpointChoices = append(objs.endpointChoices, endpointChoice{f: f, choice: choice, eps: eps})
-		c.Rules = append(c.Rules, r().DNATNumgenMap(sp.Protocol, numgenRange, choiceKey(choice), objs.endpointMap.name).Rule())
+		c.Rules = append(c.Rules, r().DNATRandom(sp.Protocol, to).Rule())
 		objs.chains = append(objs.chains, c)
+		objs.anonElems += len(eps)
+		objs.endpoints += len(eps)
 		return
 	}
-	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, numgenKey: numgenRange}
+	m := &set{name: mapName, keyType: nftables.TypeInteger, keyText: "integer", verdictMap: true, numgenKey: affinityNumgenKey}
 	for i, ep := range eps {
 		epChain, affinity := endpointNames(n.base, ep)
 		c.Rules = append(c.Rules, r().AddrInSet("saddr", false, affinity).Goto(epChain).Rule())
@@ -457,41 +483,11 @@ func (objs *portObjects) addPolicyChain(f *family, sp *model.ServicePort, n serv
 	objs.sets = append(objs.sets, m)
 }
 
-// numgenRanges splits [0, numgenRange) into one nearly equal interval
-// per endpoint (their sizes differ by at most one), each mapped to the
-// endpoint's address . port, as elements "lo-hi" of the service-endpoints
-// map, offset by the choice's first key (choiceKey). Endpoints beyond
-// numgenRange get none.
-//
-// A full sync renders 100 000 of them at 10k services: each element's
-// bytes (key, range end, data) are one allocation and its text another
-// (newElement would make each twice).
-func numgenRanges(f *family, choice uint32, eps []model.Endpoint) []element {
-	n := min(len(eps), numgenRange)
-	elems := make([]element, 0, n)
-	first := choiceKey(choice)
-	text := make([]byte, 0, 80)
-	for i, ep := range eps[:n] {
-		lo, end := first+uint32(i*numgenRange/n), first+uint32((i+1)*numgenRange/n)
-		text = strconv.AppendUint(text[:0], uint64(lo), 10)
-		if end-1 != lo {
-			text = strconv.AppendUint(append(text, '-'), uint64(end-1), 10)
-		}
-		keyTextLen := len(text)
-		text = ep.IP.AppendTo(append(text, " : "...))
-		text = strconv.AppendInt(append(text, " . "...), int64(ep.Port), 10)
-		// key, range end, then the data: address, port (two bytes, padded
-		// to a register's four).
-		b := make([]byte, 0, 8+f.AddrLen+4)
-		b = binary.BigEndian.AppendUint32(b, lo)
-		b = binary.BigEndian.AppendUint32(b, end-1)
-		b = f.AppendBytes(b, ep.IP)
-		b = binary.BigEndian.AppendUint16(b, uint16(ep.Port))
-		b = append(b, 0, 0)
-		elems = append(elems, element{raw: b, text: string(text), keyLen: 4, endLen: 4, keyTextLen: uint16(keyTextLen)})
-	}
-	return elems
-}
+// affinityNumgenKey is what nft is told the keys of the numgen verdict
+// maps of ClientIP affinity come from ("typeof numgen random mod 65536"):
+// a type, the same for every map, not the rule's modulus (the number of
+// endpoints).
+const affinityNumgenKey = 65536
 
 // hairpinElement is the hairpin set's element for an endpoint address:
 // the pair "address . address", a connection from the endpoint to itself.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/google/nftables"
@@ -95,23 +96,27 @@ func TestKernelResyncRepairsDrift(t *testing.T) {
 	m := testModel()
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
 	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
-	v6 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv6}
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
 	webChain := namesFor(web).base
+	// The service tables of web (IPv4) and of an IPv6 port.
+	webTable := &nftables.Table{Name: serviceTableName(namesFor(web).table), Family: nftables.TableFamilyIPv4}
+	v6Port := model.SortedNames(m.Ports[corev1.IPv6Protocol])[0]
+	v6Table := &nftables.Table{Name: serviceTableName(namesFor(v6Port).table), Family: nftables.TableFamilyIPv6}
 
 	for _, c := range []struct {
 		name   string
 		damage func()
 	}{
 		{"table deleted", func() { conn.DelTable(v4) }},
-		{"base chain flushed", func() { conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4}) }},
+		{"service table deleted", func() { conn.DelTable(webTable) }},
+		{"fixed chain flushed", func() { conn.FlushChain(&nftables.Chain{Name: chainServices, Table: webTable}) }},
 		{"service chain flushed", func() {
 			chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, ch := range chains {
-				if ch.Table.Name == TableName && len(ch.Name) > len(webChain) && ch.Name[len(ch.Name)-len(webChain):] == webChain {
+				if slices.Contains(TableNames(), ch.Table.Name) && len(ch.Name) > len(webChain) && ch.Name[len(ch.Name)-len(webChain):] == webChain {
 					conn.FlushChain(ch)
 					return
 				}
@@ -119,7 +124,7 @@ func TestKernelResyncRepairsDrift(t *testing.T) {
 			t.Fatalf("no chain ends in %s", webChain)
 		}},
 		{"verdict-map element deleted", func() {
-			s := &nftables.Set{Name: mapServiceIPs, Table: v6, IsMap: true}
+			s := &nftables.Set{Name: mapServiceIPs, Table: v6Table, IsMap: true}
 			elems, err := conn.GetSetElements(s)
 			if err != nil || len(elems) == 0 {
 				t.Fatalf("service-ips of ip6: %v, %v", elems, err)
@@ -128,24 +133,8 @@ func TestKernelResyncRepairsDrift(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"endpoint element deleted", func() {
-			s := &nftables.Set{Name: endpointMapName(1), Table: v4, IsMap: true, Interval: true}
-			elems, err := conn.GetSetElements(s)
-			if err != nil || len(elems) == 0 {
-				t.Fatalf("%s: %v, %v", s.Name, elems, err)
-			}
-			var start []nftables.SetElement
-			for _, e := range elems {
-				if !e.IntervalEnd {
-					start = append(start, e)
-				}
-			}
-			if err := conn.SetDeleteElements(s, start[:1]); err != nil {
-				t.Fatal(err)
-			}
-		}},
 		{"verdict-map element changed", func() {
-			s := &nftables.Set{Name: mapServiceIPs, Table: v4, IsMap: true, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService), DataType: nftables.TypeVerdict}
+			s := &nftables.Set{Name: mapServiceIPs, Table: webTable, IsMap: true, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService), DataType: nftables.TypeVerdict}
 			elems, err := conn.GetSetElements(s)
 			if err != nil || len(elems) == 0 {
 				t.Fatalf("service-ips of ip: %v, %v", elems, err)
@@ -160,12 +149,12 @@ func TestKernelResyncRepairsDrift(t *testing.T) {
 		}},
 		{"foreign chain added", func() { conn.AddChain(&nftables.Chain{Name: "intruder", Table: v4}) }},
 		{"foreign set added", func() {
-			if err := conn.AddSet(&nftables.Set{Name: "intruder", Table: v6, ID: 7, KeyType: nftables.TypeIP6Addr}, nil); err != nil {
+			if err := conn.AddSet(&nftables.Set{Name: "intruder", Table: v6Table, ID: 7, KeyType: nftables.TypeIP6Addr}, nil); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"rule added to a base chain", func() {
-			conn.AddRule(&nftables.Rule{Table: v4, Chain: &nftables.Chain{Name: chainServices, Table: v4}})
+			conn.AddRule(&nftables.Rule{Table: v4, Chain: &nftables.Chain{Name: chainNATPrerouting, Table: v4}})
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -206,12 +195,13 @@ func TestKernelResyncStopsWhenPreempted(t *testing.T) {
 	b := newBackend(t, ns)
 	m := testModel()
 	mustSync(t, b, dataplane.SyncRequest{Model: m, Full: true})
-	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
-	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
+	table := serviceTableName(0)
+	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: &nftables.Table{Name: table, Family: nftables.TableFamilyIPv4}})
 	if err := conn.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	flushed, _ := kernelView(t, ns, conn, ipv4)
+	services := viewKey(table, chainServices)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -220,30 +210,24 @@ func TestKernelResyncStopsWhenPreempted(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || !dataplane.Preempted(ctx, req, err) {
 		t.Fatalf("preempted resync returned %v; want the context's error", err)
 	}
-	if got, _ := kernelView(t, ns, conn, ipv4); got.chains[chainServices] != flushed.chains[chainServices] {
-		t.Errorf("a preempted resync wrote: %s holds %q, was %q", chainServices, got.chains[chainServices], flushed.chains[chainServices])
+	if got, _ := kernelView(t, ns, conn, ipv4); got.chains[services] != flushed.chains[services] {
+		t.Errorf("a preempted resync wrote: %s holds %q, was %q", services, got.chains[services], flushed.chains[services])
 	}
 	// The next resync, not preempted, repairs it.
 	mustSync(t, b, req)
 	assertProgrammed(t, ns, conn, m, b)
 }
 
-// TestResyncRewritesWhenNeeded: a periodic resync rewrites the table,
-// whatever the kernel holds, when a port waits for a shared key or the
-// endpoint maps have grown sparse; otherwise it only verifies.
+// TestResyncRewritesWhenNeeded: a periodic resync rewrites the tables,
+// whatever the kernel holds, when a port waits for a shared key;
+// otherwise it only verifies.
 func TestResyncRewritesWhenNeeded(t *testing.T) {
-	rs, _ := render(ipv4, dt.ManyPorts(40, 2), newNodePolicy(ipv4, testConfig))
-	if why := rewriteReason(rs); why != "" {
+	ts, _ := render(ipv4, dt.ManyPorts(40, 2), newNodePolicy(ipv4, testConfig))
+	if why := rewriteReason(ts); why != "" {
 		t.Errorf("fresh rendering: %q; want no reason to rewrite", why)
 	}
-	sparse := *rs
-	sparse.nextID = 1000
-	if rewriteReason(&sparse) == "" {
-		t.Error("ids up to 1000 for 40 ports: want a rewrite")
-	}
-	contested := *rs
-	contested.contested = true
-	if rewriteReason(&contested) == "" {
+	ts.main().contested = true
+	if rewriteReason(ts) == "" {
 		t.Error("a contested key: want a rewrite")
 	}
 }
@@ -265,9 +249,12 @@ func TestKernelVerifyGoesOnWhereItStopped(t *testing.T) {
 	if _, err := b.verify(ctx, ipv4, st); !errors.Is(err, context.Canceled) {
 		t.Fatalf("verify with an ended context: %v", err)
 	}
-	// As if a first attempt had got past service-ips before a change.
-	st.verified = verifyProgress{chains: true, set: mapServiceIPs}
-	s := &nftables.Set{Name: mapServiceIPs, Table: &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}, IsMap: true}
+	// As if a first attempt had got past service-ips of web's service
+	// table before a change.
+	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: corev1.ProtocolTCP}
+	i := 1 + namesFor(web).table
+	st.verified = verifyProgress{table: i, chains: true, set: mapServiceIPs}
+	s := &nftables.Set{Name: mapServiceIPs, Table: &nftables.Table{Name: st.ts[i].name, Family: nftables.TableFamilyIPv4}, IsMap: true}
 	elems, err := conn.GetSetElements(s)
 	if err != nil || len(elems) == 0 {
 		t.Fatalf("service-ips: %v, %v", elems, err)
@@ -320,7 +307,7 @@ func TestKernelResyncTrustsAQuietGeneration(t *testing.T) {
 	}
 
 	// Damage: the generation moves, the resync finds and repairs it.
-	v4 := &nftables.Table{Name: TableName, Family: nftables.TableFamilyIPv4}
+	v4 := &nftables.Table{Name: serviceTableName(namesFor(web).table), Family: nftables.TableFamilyIPv4}
 	conn.FlushChain(&nftables.Chain{Name: chainServices, Table: v4})
 	if err := conn.Flush(); err != nil {
 		t.Fatal(err)

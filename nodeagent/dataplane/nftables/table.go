@@ -14,24 +14,23 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/model"
 )
 
-// ruleset is the rendered description of one family's table: the objects
-// every table has, plus each service port's own objects. It is what a
-// sync programs and what the backend remembers having programmed.
+// ruleset is the rendered description of one table of a family: the
+// objects the table always has, plus each service port's objects in it.
+// It is what a sync programs and what the backend remembers having
+// programmed.
 type ruleset struct {
 	f *family
+	// name is the table's name.
+	name string
 	// chains and sets are the fixed objects. The shared maps among the
 	// sets hold no elements here: those belong to the service ports.
 	chains []*chain
 	sets   []*set
 	ports  map[model.ServicePortName]*portObjects
-	// nextID is the id the next new port gets (portObjects.id).
-	nextID uint32
-	// endpointMaps counts, for each service-endpoints map, the ports that
-	// use it: the map exists while its count is above zero.
-	endpointMaps refCounts
 	// counted counts, for each element of the counted sets (by set, then
 	// by text), the service ports that hold it. An element is in the
-	// kernel exactly while its count is above zero.
+	// kernel exactly while its count is above zero. Only the main table
+	// has counted sets.
 	counted countedElems
 	// contested says a port lost a key of a shared map to another port
 	// (two services with one external IP and port): the key goes to the
@@ -40,8 +39,19 @@ type ruleset struct {
 	contested bool
 }
 
-// written lets go of the expressions of rs's rules once a transaction
-// that wrote them committed. What the backend keeps of a sync is what it
+// tables are the rulesets of a family's tables: the main table first,
+// then the service tables in order (the port whose names say table i is
+// in tables[1+i]).
+type tables []*ruleset
+
+// main is the main table.
+func (ts tables) main() *ruleset { return ts[0] }
+
+// service is service table i.
+func (ts tables) service(i int) *ruleset { return ts[1+i] }
+
+// written lets go of the expressions of rs's rules, and their anonymous
+// maps, once a transaction that wrote them committed. What the backend keeps of a sync is what it
 // compares: a rule by its text (an incremental sync, the periodic
 // resync's chains by their rules' count), never to write it again (every
 // sync writes rules it renders anew). At 10 000 service ports the
@@ -59,7 +69,7 @@ func (objs *portObjects) written() { dropExprs(objs.chains) }
 func dropExprs(chains []*chain) {
 	for _, c := range chains {
 		for i := range c.Rules {
-			c.Rules[i].Exprs = nil
+			c.Rules[i].Exprs, c.Rules[i].Anon = nil, nil
 		}
 	}
 }
@@ -117,40 +127,34 @@ func (c countedElems) len() int {
 	return n
 }
 
-// addEndpointMap counts objs' service-endpoints map, if any, d times.
-func (rc refCounts) addEndpointMap(objs *portObjects, d int) {
-	if objs.endpointMap != nil {
-		rc.addKey(objs.endpointMap.name, d)
-	}
-}
-
-// portObjects are the objects one service port owns.
+// portObjects are the objects one service port owns: all of them as
+// renderPort describes them, or those in one of its two tables (split).
 type portObjects struct {
 	chains []*chain
-	// sets are the port's own sets and maps: the numgen maps of its
-	// endpoint-choosing chains and the affinity sets of its endpoints.
+	// sets are the port's own sets and maps, with ClientIP affinity: the
+	// numgen maps of its endpoint-choosing chains and the affinity sets
+	// of its endpoints.
 	sets []*set
 	// shared holds the port's elements in the shared maps.
 	shared sharedIn
-	// id numbers the port within its ruleset: its endpoint choices are
-	// id<<1 (cluster) and id<<1|1 (local), whose keys in the port's
-	// service-endpoints map start at choiceKey of them. It stays the same
-	// while the port exists, so that the rules naming it do not change.
-	id uint32
-	// endpointMap is the definition of the service-endpoints map the
-	// port's chains DNAT with (shared with other ports: see
-	// endpointMapPorts), nil if they do not (no endpoints, or ClientIP
-	// affinity); endpointChoices are what the port's elements in it are
-	// made of (see endpointElems).
-	endpointMap     *set
-	endpointChoices []endpointChoice
+	// anonElems is the number of elements of the anonymous maps its
+	// rules DNAT with (Rules counts them, as a read-back does).
+	anonElems int
 	// counted are the port's elements of the counted sets (countedSets):
 	// its cluster IP, and one "ep . ep" hairpin pair per distinct endpoint
 	// address on this node. Several ports share elements: the ruleset
 	// counts how many ports hold each (see ruleset.counted).
 	counted sharedIn
-	// endpoints is the number of distinct endpoints the port DNATs to.
+	// endpoints is the number of endpoints the port's rules choose
+	// among: the sum of its endpoint-choosing rules' (see counts).
 	endpoints int
+	// table is the port's service table (servicePortNames.table).
+	table int
+	// countsPort says these objects count the port in Counts.Services: of
+	// the two parts of a port (in the main table and in its service
+	// table), the one that holds elements of shared maps, the service
+	// table's if both do.
+	countsPort bool
 }
 
 // sharedElems are a port's elements in one shared map.
@@ -212,8 +216,7 @@ type set struct {
 	// interval sets hold prefixes, or ranges of integers.
 	interval bool
 	// numgenKey, when not zero, says the keys are numgen results, which
-	// nft is told (typeof "numgen random mod numgenKey"). It is a type,
-	// the same for every map: numgenRange, the endpoint maps' modulus.
+	// nft is told (typeof "numgen random mod numgenKey").
 	numgenKey uint32
 	// timeout > 0 makes a set the packet path fills itself (affinity): its
 	// elements are never written by a sync.
@@ -226,9 +229,6 @@ func (s *set) dynamic() bool { return s.timeout > 0 }
 
 // dataMap says the set maps keys to data (not verdicts).
 func (s *set) dataMap() bool { return s.dataText != "" }
-
-// endpointMap says the set is one of the service-endpoints maps.
-func (s *set) endpointMap() bool { return strings.HasPrefix(s.name, prefixEndpointMap) }
 
 // isMap says the set is a map of either kind.
 func (s *set) isMap() bool { return s.verdictMap || s.dataMap() }
@@ -363,43 +363,6 @@ func addrProtoPortKey(f *family, addr netip.Addr, proto byte, port int32) []byte
 
 func protoPortKey(proto byte, port int32) []byte {
 	return []byte{proto, 0, 0, 0, byte(port >> 8), byte(port), 0, 0}
-}
-
-// endpointChoice is one of a port's endpoint choices in its
-// service-endpoints map: its family, its number and the endpoints it
-// splits the numgen range among.
-type endpointChoice struct {
-	f      *family
-	choice uint32
-	// eps is read only: in the common case (every endpoint ready) it is
-	// the model's own array (model.ServicePort.ClusterEndpoints).
-	eps []model.Endpoint
-}
-
-// endpointElems are the port's elements in its service-endpoints map
-// (numgenRanges of each choice). They are made when a sync writes or
-// compares them, not kept: 100 000 of them at 10 000 services of 10
-// endpoints took 12 MB of the agent's heap for as long as it ran, while
-// the endpoints they are made of are the model's, held anyway.
-func (objs *portObjects) endpointElems() []element {
-	if len(objs.endpointChoices) == 1 {
-		c := objs.endpointChoices[0]
-		return numgenRanges(c.f, c.choice, c.eps)
-	}
-	var elems []element
-	for _, c := range objs.endpointChoices {
-		elems = append(elems, numgenRanges(c.f, c.choice, c.eps)...)
-	}
-	return elems
-}
-
-// endpointElemCount is len(objs.endpointElems()), without making them.
-func (objs *portObjects) endpointElemCount() int {
-	n := 0
-	for _, c := range objs.endpointChoices {
-		n += min(len(c.eps), numgenRange)
-	}
-	return n
 }
 
 // prefixElement is p as an interval-set element.

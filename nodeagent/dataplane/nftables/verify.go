@@ -12,7 +12,7 @@ import (
 )
 
 // The periodic resync (dataplane.SyncRequest.Resync) verifies and
-// repairs: it reads the family's table back, one object at a time, and
+// repairs: it reads the family's tables back, one object at a time, and
 // compares it with what the backend last programmed (familyState). Only
 // when they differ does it rewrite the table (full), which is what every
 // periodic resync did before: a rewrite at 10 000 services takes about a
@@ -22,7 +22,7 @@ import (
 // (nft.Reader), which is closed the moment ctx ends, a dump under way
 // included.
 
-// verify compares family f's table in the kernel with st. It returns
+// verify compares family f's tables in the kernel with st. It returns
 // what differs first ("" when nothing does), or ctx's error when ctx
 // ended before it was done.
 func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (string, error) {
@@ -41,57 +41,77 @@ func (b *Backend) verify(ctx context.Context, f *family, st *familyState) (strin
 // the backend's own writes, and drift that came meanwhile is found by
 // the next periodic resync.
 type verifyProgress struct {
-	// chains says the chains and their rule counts were verified.
+	// table is the index in familyState.ts of the table under
+	// verification: those before it are verified.
+	table int
+	// chains says the table's chains and their rule counts were
+	// verified.
 	chains bool
-	// set is the last set verified, in name order ("" for none).
+	// set is the table's last set verified, in name order ("" for none).
 	set string
 }
 
 // verifyFrom is verify, skipping what p says is verified and recording in
 // p what it verifies.
 func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p *verifyProgress) (string, error) {
-	conn, t, err := nft.OpenTable(b.netns, f, TableName)
+	exist, err := nft.FindTables(b.netns, f, TableNames())
 	if err != nil {
 		return "", fmt.Errorf("nftables: %w", err)
 	}
-	if t == nil {
-		return "the table is missing", nil
+	for ; p.table < len(st.ts); p.table, p.chains, p.set = p.table+1, false, "" {
+		rs := st.ts[p.table]
+		if !exist[rs.name] {
+			return "table " + rs.name + " is missing", nil
+		}
+		if why, err := b.verifyTable(ctx, f, rs, p); err != nil || why != "" {
+			return why, err
+		}
 	}
-	want := st.rs.objects()
-	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	return "", nil
+}
+
+// verifyTable compares one table with rs, going on from p.
+func (b *Backend) verifyTable(ctx context.Context, f *family, rs *ruleset, p *verifyProgress) (string, error) {
+	conn, err := nft.Open(b.netns)
+	if err != nil {
+		return "", err
+	}
+	want := rs.objects()
+	r, err := nft.NewReader(ctx, b.netns, f.Table, rs.name)
 	if err != nil {
 		return "", err
 	}
 	defer r.Close()
 	if !p.chains {
-		if why, err := b.verifyChains(r, f, want); err != nil || why != "" {
+		if why, err := b.verifyChains(r, f, rs.name, want); err != nil || why != "" {
 			return why, err
 		}
 		p.chains = true
 	}
-	return verifySets(ctx, conn, r, t, f, want, p)
+	return verifySets(ctx, conn, r, &nftables.Table{Name: rs.name, Family: f.Table}, f, want, p)
 }
 
-// verifyChains compares the table's chains, their hooks and their rule
+// verifyChains compares the chains of table, their hooks and their rule
 // counts with want.
-func (b *Backend) verifyChains(r *nft.Reader, f *family, want wanted) (string, error) {
-	have, err := ownChains(r, f)
+func (b *Backend) verifyChains(r *nft.Reader, f *family, table string, want wanted) (string, error) {
+	all, err := ownChains(r, f)
 	if err != nil {
 		return "", err
 	}
+	have := all[table]
 	for name, c := range want.chains {
 		k := have[name]
 		if k == nil {
 			// The counts tell one lost chain from a listing cut short.
-			return fmt.Sprintf("chain %s is missing (the kernel listed %d chains of the table, %d expected)", name, len(have), len(want.chains)), nil
+			return fmt.Sprintf("chain %s of %s is missing (the kernel listed %d chains of the table, %d expected)", name, table, len(have), len(want.chains)), nil
 		}
 		if !c.SameHook(k) {
-			return "chain " + name + " has another hook", nil
+			return "chain " + name + " of " + table + " has another hook", nil
 		}
 	}
 	for name := range have {
-		if want.chains[name] == nil && !b.stale[f][name] {
-			return "chain " + name + " is not ours", nil
+		if want.chains[name] == nil && !b.stale[f][tableChain{table, name}] {
+			return "chain " + name + " of " + table + " is not ours", nil
 		}
 	}
 	counts, err := r.RuleCounts()
@@ -104,7 +124,7 @@ func (b *Backend) verifyChains(r *nft.Reader, f *family, want wanted) (string, e
 			wantRules = len(c.Rules)
 		}
 		if counts[name] != wantRules {
-			return fmt.Sprintf("chain %s has %d rules, not %d", name, counts[name], wantRules), nil
+			return fmt.Sprintf("chain %s of %s has %d rules, not %d", name, table, counts[name], wantRules), nil
 		}
 	}
 	return "", nil
@@ -126,7 +146,7 @@ func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nfta
 	}
 	for name := range haveSets {
 		if want.sets[name] == nil {
-			return "set " + name + " is not ours", nil
+			return "set " + name + " of " + t.Name + " is not ours", nil
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
@@ -138,10 +158,10 @@ func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nfta
 		}
 		s, k := want.sets[name], haveSets[name]
 		if k == nil {
-			return "set " + name + " is missing", nil
+			return "set " + name + " of " + t.Name + " is missing", nil
 		}
 		if !s.sameDefinition(k) {
-			return "set " + name + " has another definition", nil
+			return "set " + name + " of " + t.Name + " has another definition", nil
 		}
 		if s.dynamic() {
 			continue // the packet path fills it
@@ -150,8 +170,8 @@ func verifySets(ctx context.Context, conn *nftables.Conn, r *nft.Reader, t *nfta
 		if err != nil {
 			return "", err
 		}
-		if why := compareElements(s, want.pieces(name), elems); why != "" {
-			return "set " + name + " " + why, nil
+		if why := compareElements(s, want.elems[name], elems); why != "" {
+			return "set " + name + " of " + t.Name + " " + why, nil
 		}
 		p.set = name
 	}

@@ -29,9 +29,12 @@
 //     for any commit under way to end, before the dump and after it.
 //   - Typeof: a set of numgen keys (plain integers, a type nft cannot
 //     name) carries nft's own description of it in its user data ("typeof
-//     numgen random mod 65536 : ip daddr . th dport"), added to the
-//     new-set message on its way out, so that `nft list ruleset` shows it
-//     in a form `nft -f` loads back (typeof.go).
+//     numgen random mod 65536 : verdict"), added to the new-set message on
+//     its way out, so that `nft list ruleset` shows it in a form `nft -f`
+//     loads back (typeof.go).
+//   - Anonymous maps: a rule that DNATs to one of its endpoints at random
+//     carries them in an anonymous map, written as nft writes one, with
+//     the rule, in its transaction (anon.go).
 //   - Sockets: one netlink socket per network namespace is kept open
 //     between transactions, generation reads, dumps and lookups, and
 //     closed after a few idle seconds (sockets.go): releasing one makes

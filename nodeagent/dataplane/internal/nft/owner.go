@@ -101,6 +101,45 @@ func FindTable(netns nsexec.NS, f *Family, name string) (*nftables.Table, error)
 	return &nftables.Table{Name: name, Family: f.Table}, nil
 }
 
+// FindTables says which of the tables names of family f exist in network
+// namespace netns with proxyshift's mark, from one listing of the
+// family's tables, and returns a *ForeignTableError for the first of
+// them (in the order of names) that exists without it.
+func FindTables(netns nsexec.NS, f *Family, names []string) (map[string]bool, error) {
+	comments := map[string]string{}
+	err := dumpWith(netns, f.Table, unix.NFT_MSG_GETTABLE, netlink.NewAttributeEncoder(), func(a *attrs) {
+		var n string
+		var udata []byte
+		for a.next() {
+			switch a.typ {
+			case unix.NFTA_TABLE_NAME:
+				n = a.str()
+			case nftaTableUserdata:
+				udata = a.val
+			}
+		}
+		comments[n] = tableComment(udata)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nft: list the %s tables: %w", f.Name, err)
+	}
+	found := map[string]bool{}
+	var foreign error
+	for _, name := range names {
+		comment, ok := comments[name]
+		switch {
+		case !ok:
+		case comment != OwnerComment:
+			if foreign == nil {
+				foreign = &ForeignTableError{Family: f.Name, Table: name, Comment: comment}
+			}
+		default:
+			found[name] = true
+		}
+	}
+	return found, foreign
+}
+
 // CheckOwned says whether table name of family fam (famName in messages:
 // ip, ip6, inet) exists in network namespace netns, and returns a
 // *ForeignTableError if it exists without proxyshift's mark.

@@ -18,6 +18,9 @@ import (
 type Rule struct {
 	Text  string
 	Exprs []expr.Any
+	// Anon is the anonymous map the rule looks up, if any (see
+	// DNATRandom): AddRuleOf creates it with the rule.
+	Anon *AnonMap
 }
 
 // Builder appends matches and statements to a rule, each as nft text and
@@ -28,6 +31,7 @@ type Builder struct {
 	f     *Family
 	words []string
 	exprs []expr.Any
+	anon  *AnonMap
 }
 
 // NewRule starts a rule of a chain of family f.
@@ -42,7 +46,7 @@ func (r *Builder) Add(text string, exprs ...expr.Any) *Builder {
 
 // Rule returns the rule built so far.
 func (r *Builder) Rule() Rule {
-	return Rule{Text: strings.Join(r.words, " "), Exprs: r.exprs}
+	return Rule{Text: strings.Join(r.words, " "), Exprs: r.exprs, Anon: r.anon}
 }
 
 // Addr names one of a packet's addresses.
@@ -211,28 +215,6 @@ func (r *Builder) NumgenVmap(n int, m string) *Builder {
 	vtext, l := vmap(m)
 	return r.Add(fmt.Sprintf("numgen random mod %d %s", n, vtext),
 		&expr.Numgen{Register: reg1, Modulus: uint32(n), Type: unix.NFT_NG_RANDOM}, l)
-}
-
-// DNATNumgenMap DNATs protocol proto's packets to the address and port
-// that data map m holds for the key offset+n, n a random number in
-// [0, modulus) (nft's "numgen random mod modulus offset offset"). The
-// map's keys are intervals, which the kernel compares as big-endian
-// bytes, so the number (host byte order) is converted first, as nft
-// itself does for "typeof numgen ...".
-func (r *Builder) DNATNumgenMap(proto corev1.Protocol, modulus, offset uint32, m string) *Builder {
-	numgen := fmt.Sprintf("numgen random mod %d", modulus)
-	if offset != 0 {
-		numgen += fmt.Sprintf(" offset %d", offset)
-	}
-	return r.Add(fmt.Sprintf("meta l4proto %s dnat %s to %s map @%s", ProtoName(ProtoNumber(proto)), r.f.Name, numgen, m),
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{ProtoNumber(proto)}},
-		&expr.Numgen{Register: reg1, Modulus: modulus, Type: unix.NFT_NG_RANDOM, Offset: offset},
-		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		&expr.Lookup{SourceRegister: reg1, SetName: m, IsDestRegSet: true, DestRegister: reg1},
-		// The map's value is address . port: the port sits in the
-		// register after the address, as in a concatenated key.
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: r.f.NATFamily, RegAddrMin: reg1, RegProtoMin: r.f.AfterAddr, Specified: true})
 }
 
 // DNAT rewrites the destination to addr:port for protocol proto.

@@ -12,10 +12,10 @@ import (
 	"github.com/proxyshift/proxyshift/nodeagent/nsexec"
 )
 
-// A set whose keys are numgen results (an endpoint map, an affinity
-// verdict map) has keys of no type nft can name: plain integers. nft
-// itself describes such a set by the expressions its keys and values
-// come from ("typeof numgen random mod 65536 : ip daddr . th dport"), in
+// A set whose keys are numgen results (the verdict map of ClientIP
+// affinity's endpoint chains) has keys of no type nft can name: plain
+// integers. nft itself describes such a set by the expressions its keys
+// and values come from ("typeof numgen random mod 65536 : verdict"), in
 // records of the set's user data that only nft reads; without them `nft
 // list` shows the key as "type 0", which `nft -f` cannot read back, so a
 // saved ruleset holding the table would not load. google/nftables v0.3.0
@@ -41,16 +41,8 @@ const (
 // payload templates' fields), as nftables 1.0.6 writes them.
 const (
 	nftExprVerdict   = 1
-	nftExprPayload   = 7
-	nftExprConcat    = 13
 	nftExprNumgen    = 23
 	nftByteOrderHost = 1
-	nftProtoTH       = 11
-	nftProtoIP       = 12
-	nftProtoIP6      = 13
-	nftTHDport       = 2
-	nftIPDaddr       = 12
-	nftIP6Daddr      = 9
 )
 
 // typeofExpr is an expression of a typeof description: its text in nft's
@@ -78,35 +70,14 @@ func numgenTypeof(modulus uint32) typeofExpr {
 // verdictTypeof is the values of a verdict map.
 var verdictTypeof = newTypeofExpr("verdict", nftExprVerdict, nil)
 
-// daddrDportTypeof is "<family> daddr . th dport": an endpoint's address
-// and port, the values of a DNAT map.
-func daddrDportTypeof(family string, addrProto, addrField uint32) typeofExpr {
-	payload := func(proto, field uint32) []byte {
-		return newTypeofExpr("", nftExprPayload, udataU32(udataU32(nil, 0, proto), 1, field)).records
-	}
-	fields := udataNest(udataNest(nil, 0, payload(addrProto, addrField)), 1, payload(nftProtoTH, nftTHDport))
-	return newTypeofExpr(family+" daddr . th dport", nftExprConcat, fields)
-}
-
-var (
-	ipDaddrDport  = daddrDportTypeof("ip", nftProtoIP, nftIPDaddr)
-	ip6DaddrDport = daddrDportTypeof("ip6", nftProtoIP6, nftIP6Daddr)
-)
-
 // typeof returns how nft describes s, a set of numgen keys: the key's
 // expression and the values'. Only the values proxyshift's numgen maps
-// hold are known: verdicts, and an IPv4 or IPv6 address with a port.
+// hold are known: verdicts.
 func (s *Set) typeof() (key, values typeofExpr, err error) {
-	key = numgenTypeof(s.NumgenKey)
-	switch {
-	case s.VerdictMap:
-		return key, verdictTypeof, nil
-	case s.DataType == nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService):
-		return key, ipDaddrDport, nil
-	case s.DataType == nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService):
-		return key, ip6DaddrDport, nil
+	if !s.VerdictMap {
+		return key, values, fmt.Errorf("nft: set %s: no typeof description of values of type %s", s.Name, s.DataType.Name)
 	}
-	return key, values, fmt.Errorf("nft: set %s: no typeof description of values of type %s", s.Name, s.DataType.Name)
+	return numgenTypeof(s.NumgenKey), verdictTypeof, nil
 }
 
 // Typeof is the line `nft list` shows for the key and value types of a

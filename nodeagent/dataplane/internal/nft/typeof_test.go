@@ -27,14 +27,6 @@ func TestSetUserdataIsNFTs(t *testing.T) {
 		set  Set
 		want string
 	}{{
-		decl: "typeof numgen random mod 65536 : ip daddr . th dport",
-		set:  Set{Name: "m", NumgenKey: 65536, Interval: true, DataType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)},
-		want: head + "0434 00040d000000 012c 0014 000407000000 010c 00040c000000 01040c000000 0114 000407000000 010c 00040b000000 010402000000" + tail,
-	}, {
-		decl: "typeof numgen random mod 65536 : ip6 daddr . th dport",
-		set:  Set{Name: "m", NumgenKey: 65536, Interval: true, DataType: nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)},
-		want: head + "0434 00040d000000 012c 0014 000407000000 010c 00040d000000 010409000000 0114 000407000000 010c 00040b000000 010402000000" + tail,
-	}, {
 		decl: "typeof numgen random mod 65536 : verdict",
 		set:  Set{Name: "m", NumgenKey: 65536, VerdictMap: true},
 		want: head + "0408 000401000000 0100" + tail,

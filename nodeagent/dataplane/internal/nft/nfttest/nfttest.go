@@ -89,10 +89,24 @@ type block struct {
 	body []string
 }
 
-// Canonical rewrites a table, as nft lists it or as a dump writes it, to
-// one spelling: one object a block, blocks sorted by kind and name, a
-// set's elements one a line and sorted.
+// Canonical rewrites tables, as nft lists them or as a dump writes them,
+// to one spelling: each table (in the order given) one object a block,
+// blocks sorted by kind and name, a set's elements one a line and sorted.
 func Canonical(text string) string {
+	var b strings.Builder
+	lines := strings.SplitAfter(text, "\n")
+	start := 0
+	for i := 1; i <= len(lines); i++ {
+		if i == len(lines) || strings.HasPrefix(strings.TrimSpace(lines[i]), "table ") {
+			b.WriteString(canonicalTable(strings.Join(lines[start:i], "")))
+			start = i
+		}
+	}
+	return b.String()
+}
+
+// canonicalTable is Canonical for one table.
+func canonicalTable(text string) string {
 	var blocks []block
 	var cur *block
 	var table string
