@@ -58,20 +58,40 @@ func (b *Backend) verifyFrom(ctx context.Context, f *family, st *familyState, p 
 	if err != nil {
 		return "", fmt.Errorf("nftables: %w", err)
 	}
+	// One dump of the family's chains serves every table: the kernel
+	// sends all of them whatever table is asked for (iptables-nft's
+	// 110 000 during a switch at 10 000 services included).
+	var chains map[string]map[string]*nftables.Chain
 	for ; p.table < len(st.ts); p.table, p.chains, p.set = p.table+1, false, "" {
 		rs := st.ts[p.table]
 		if !exist[rs.name] {
 			return "table " + rs.name + " is missing", nil
 		}
-		if why, err := b.verifyTable(ctx, f, rs, p); err != nil || why != "" {
+		if !p.chains && chains == nil {
+			if chains, err = b.readChains(ctx, f); err != nil {
+				return "", err
+			}
+		}
+		if why, err := b.verifyTable(ctx, f, rs, chains[rs.name], p); err != nil || why != "" {
 			return why, err
 		}
 	}
 	return "", nil
 }
 
-// verifyTable compares one table with rs, going on from p.
-func (b *Backend) verifyTable(ctx context.Context, f *family, rs *ruleset, p *verifyProgress) (string, error) {
+// readChains reads the chains of the family's tables (ownChains).
+func (b *Backend) readChains(ctx context.Context, f *family) (map[string]map[string]*nftables.Chain, error) {
+	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return ownChains(r, f)
+}
+
+// verifyTable compares one table with rs, going on from p; have are the
+// table's chains in the kernel.
+func (b *Backend) verifyTable(ctx context.Context, f *family, rs *ruleset, have map[string]*nftables.Chain, p *verifyProgress) (string, error) {
 	conn, err := nft.Open(b.netns)
 	if err != nil {
 		return "", err
@@ -83,7 +103,7 @@ func (b *Backend) verifyTable(ctx context.Context, f *family, rs *ruleset, p *ve
 	}
 	defer r.Close()
 	if !p.chains {
-		if why, err := b.verifyChains(r, f, rs.name, want); err != nil || why != "" {
+		if why, err := b.verifyChains(r, f, rs.name, have, want); err != nil || why != "" {
 			return why, err
 		}
 		p.chains = true
@@ -91,14 +111,9 @@ func (b *Backend) verifyTable(ctx context.Context, f *family, rs *ruleset, p *ve
 	return verifySets(ctx, conn, r, &nftables.Table{Name: rs.name, Family: f.Table}, f, want, p)
 }
 
-// verifyChains compares the chains of table, their hooks and their rule
-// counts with want.
-func (b *Backend) verifyChains(r *nft.Reader, f *family, table string, want wanted) (string, error) {
-	all, err := ownChains(r, f)
-	if err != nil {
-		return "", err
-	}
-	have := all[table]
+// verifyChains compares the chains of table (have, as the kernel listed
+// them), their hooks and their rule counts (read with r) with want.
+func (b *Backend) verifyChains(r *nft.Reader, f *family, table string, have map[string]*nftables.Chain, want wanted) (string, error) {
 	for name, c := range want.chains {
 		k := have[name]
 		if k == nil {
