@@ -106,8 +106,21 @@ func FindTable(netns nsexec.NS, f *Family, name string) (*nftables.Table, error)
 // family's tables, and returns a *ForeignTableError for the first of
 // them (in the order of names) that exists without it.
 func FindTables(netns nsexec.NS, f *Family, names []string) (map[string]bool, error) {
+	return findTables(netns, f.Table, f.Name, names)
+}
+
+// CheckOwned says whether table name of family fam (famName in messages:
+// ip, ip6, inet) exists in network namespace netns, and returns a
+// *ForeignTableError if it exists without proxyshift's mark.
+func CheckOwned(netns nsexec.NS, fam nftables.TableFamily, famName, name string) (bool, error) {
+	found, err := findTables(netns, fam, famName, []string{name})
+	return found[name] || err != nil, err
+}
+
+// findTables is FindTables for family fam, named famName in messages.
+func findTables(netns nsexec.NS, fam nftables.TableFamily, famName string, names []string) (map[string]bool, error) {
 	comments := map[string]string{}
-	err := dumpWith(netns, f.Table, unix.NFT_MSG_GETTABLE, netlink.NewAttributeEncoder(), func(a *attrs) {
+	err := dumpWith(netns, fam, unix.NFT_MSG_GETTABLE, netlink.NewAttributeEncoder(), func(a *attrs) {
 		var n string
 		var udata []byte
 		for a.next() {
@@ -121,7 +134,7 @@ func FindTables(netns nsexec.NS, f *Family, names []string) (map[string]bool, er
 		comments[n] = tableComment(udata)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nft: list the %s tables: %w", f.Name, err)
+		return nil, fmt.Errorf("nft: list the %s tables: %w", famName, err)
 	}
 	found := map[string]bool{}
 	var foreign error
@@ -131,40 +144,11 @@ func FindTables(netns nsexec.NS, f *Family, names []string) (map[string]bool, er
 		case !ok:
 		case comment != OwnerComment:
 			if foreign == nil {
-				foreign = &ForeignTableError{Family: f.Name, Table: name, Comment: comment}
+				foreign = &ForeignTableError{Family: famName, Table: name, Comment: comment}
 			}
 		default:
 			found[name] = true
 		}
 	}
 	return found, foreign
-}
-
-// CheckOwned says whether table name of family fam (famName in messages:
-// ip, ip6, inet) exists in network namespace netns, and returns a
-// *ForeignTableError if it exists without proxyshift's mark.
-func CheckOwned(netns nsexec.NS, fam nftables.TableFamily, famName, name string) (bool, error) {
-	found, comment := false, ""
-	err := dump(netns, fam, unix.NFT_MSG_GETTABLE, unix.NFTA_TABLE_NAME, name, func(a *attrs) {
-		var n string
-		var udata []byte
-		for a.next() {
-			switch a.typ {
-			case unix.NFTA_TABLE_NAME:
-				n = a.str()
-			case nftaTableUserdata:
-				udata = a.val
-			}
-		}
-		if n == name {
-			found, comment = true, tableComment(udata)
-		}
-	})
-	if err != nil {
-		return false, fmt.Errorf("nft: list the %s tables: %w", famName, err)
-	}
-	if found && comment != OwnerComment {
-		return true, &ForeignTableError{Family: famName, Table: name, Comment: comment}
-	}
-	return found, nil
 }
