@@ -55,8 +55,9 @@ type Names struct {
 
 // Proxyshift are proxyshift's own objects: iptables chains PROXYSHIFT-*
 // (and rules commented "proxyshift..." in other chains), the nftables
-// tables proxyshift and proxyshift-* (the IPVS backend's helper table is
-// proxyshift-ipvs), ipsets and dummy interfaces whose names start with
+// tables proxyshift and proxyshift-* (the nftables backend's service
+// tables are proxyshift-services-0 to -15, the IPVS backend's helper
+// table is proxyshift-ipvs), ipsets and dummy interfaces whose names start with
 // proxyshift (in any case; the IPVS backend's is proxyshift-ipvs). A
 // table is proxyshift's only if it also carries proxyshift's mark
 // (nftables.CheckOwned).

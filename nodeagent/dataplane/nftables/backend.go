@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -383,16 +382,20 @@ func (b *Backend) deleteStale(f *family) {
 	if len(b.stale[f]) == 0 {
 		return
 	}
-	byTable := map[string][]op{}
-	for _, tc := range slices.SortedFunc(maps.Keys(b.stale[f]), func(a, b tableChain) int {
-		return cmp.Or(cmp.Compare(a.table, b.table), cmp.Compare(a.chain, b.chain))
-	}) {
-		byTable[tc.table] = append(byTable[tc.table], op{kind: opDelChain, name: tc.chain})
+	byTable := map[string][]string{}
+	for tc := range b.stale[f] {
+		byTable[tc.table] = append(byTable[tc.table], tc.chain)
 	}
-	for _, name := range slices.Sorted(maps.Keys(byTable)) {
-		if b.commit(f, tablePlan{table: name, ops: byTable[name]}) == nil {
-			for _, o := range byTable[name] {
-				delete(b.stale[f], tableChain{name, o.name})
+	for _, table := range slices.Sorted(maps.Keys(byTable)) {
+		chains := byTable[table]
+		slices.Sort(chains)
+		ops := make([]op, len(chains))
+		for i, c := range chains {
+			ops[i] = op{kind: opDelChain, name: c}
+		}
+		if b.commit(f, tablePlan{table: table, ops: ops}) == nil {
+			for _, c := range chains {
+				delete(b.stale[f], tableChain{table, c})
 			}
 		}
 	}
@@ -467,12 +470,7 @@ func (b *Backend) list(ctx context.Context, f *family) (map[string]*kernelTable,
 	if err != nil {
 		return nil, err
 	}
-	r, err := nft.NewReader(ctx, b.netns, f.Table, TableName)
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	chains, err := ownChains(r, f)
+	chains, err := b.readChains(ctx, f)
 	if err != nil {
 		return nil, err
 	}
