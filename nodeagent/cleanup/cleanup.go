@@ -96,6 +96,11 @@ var (
 	}
 )
 
+// KubeProxyIPVSLink is the dummy interface kube-proxy's IPVS mode binds
+// every service address to. Its addresses are Services', never the
+// node's own.
+const KubeProxyIPVSLink = "kube-ipvs0"
+
 // KubeProxy are kube-proxy's leftovers in any of its modes: its KUBE-*
 // chains (listed by name; KUBE-FIREWALL only in the nat table, where the
 // IPVS mode has it; in filter it is kubelet's), its kube-proxy nftables
@@ -118,7 +123,7 @@ var KubeProxy = &Names{
 		}
 		return false
 	},
-	Link: func(n string) bool { return n == "kube-ipvs0" },
+	Link: func(n string) bool { return n == KubeProxyIPVSLink },
 }
 
 // Sweeper finds and removes owned objects in one network namespace.

@@ -45,8 +45,8 @@ const DefaultMetricsURL = "http://127.0.0.1:10249/metrics"
 const syncedMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 
 // IPVSInterface is the dummy interface kube-proxy's IPVS mode binds every
-// service address to. Its addresses are Services', never the node's own.
-const IPVSInterface = "kube-ipvs0"
+// service address to (named once, with its leftovers, in cleanup).
+const IPVSInterface = cleanup.KubeProxyIPVSLink
 
 // The names by which the kernel shows kube-proxy's other modes: its
 // nftables mode's table (ip and ip6), and the chain every Service of its

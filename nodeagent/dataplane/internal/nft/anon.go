@@ -36,7 +36,7 @@ type AnonMap struct {
 func (m *AnonMap) Len() int { return len(m.Values) / int(m.DataType.Bytes) }
 
 // DNATRandom DNATs protocol proto's packets to one of eps, each as likely
-// as the others (at most numgen's 2^32 of them). When every endpoint has
+// as the others (at least one, at most numgen's 2^32 of them). When every endpoint has
 // the same port the map holds addresses only and the port is the rule's:
 // nft's "dnat to numgen random mod N map { 0 : addr, ... }:port"; else
 // it holds address . port: "dnat ip to numgen random mod N map { 0 :
