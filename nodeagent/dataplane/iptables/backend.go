@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
 	"time"
 
@@ -39,6 +40,9 @@ type Backend struct {
 	// to verify.
 	gen      uint32
 	genKnown bool
+	// fillMin is the fewest ports a full sync into empty tables fills in
+	// parts (fillMinPorts; tests change it).
+	fillMin int
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -78,6 +82,7 @@ func New(cfg dataplane.NodeConfig, opts ...Option) (*Backend, error) {
 		policy:  map[*family]*dataplane.NodePolicy{},
 		procSys: o.procSys,
 		state:   map[*family]*ruleset{},
+		fillMin: fillMinPorts,
 	}
 	if ok, missing := b.run.installed(); !ok {
 		return nil, fmt.Errorf("iptables: %s variant: %s %w", o.variant, missing, errNotInstalled)
@@ -99,7 +104,9 @@ func (b *Backend) Mode() string { return "iptables" }
 func (b *Backend) Variant() Variant { return b.run.variant }
 
 // Sync programs the model's families (those present in req.Model.Ports),
-// one iptables-restore --noflush transaction per family.
+// one iptables-restore --noflush transaction per family (a large model
+// into tables holding nothing of proxyshift's is written in parts: see
+// fill).
 //
 // An incremental sync rewrites only the chains and rules of the service
 // ports in req.Changed, from what the backend remembers programming. If
@@ -232,11 +239,62 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 	if err := b.setSysctls(); err != nil {
 		return err
 	}
-	if err := b.restore(ctx, f, fullRestore(rs, cur)); err != nil {
+	if b.fillsInParts(cur, rs) {
+		err := b.fill(ctx, f, rs)
+		if err != nil {
+			return err
+		}
+	} else if err := b.restore(ctx, f, fullRestore(rs, cur)); err != nil {
 		return err
 	}
 	b.state[f] = rs
 	return nil
+}
+
+// fillParts is how many restores fill empty tables at once: one per CPU
+// of a 2-CPU node, where a switch into iptables is slowest.
+const fillParts = 2
+
+// fillMinPorts is the fewest service ports for which empty tables are
+// filled in parts: below it, the three more restores cost more than the
+// parts save.
+const fillMinPorts = 1000
+
+// fillsInParts says whether a full sync of rs into the tables cur
+// describes fills them in parts (fill): with the nft variant, whose
+// restores of one table can run at once (a restore whose view went
+// stale is refused by the kernel and commits again by itself), on a
+// node with a CPU for each part, at fillMinPorts ports or more (the
+// backend's fillMin), into tables holding nothing of proxyshift's (a
+// rewrite stays one transaction per table, so traffic never meets it
+// half done).
+func (b *Backend) fillsInParts(cur savedTables, rs *ruleset) bool {
+	return b.run.variant == NFT && runtime.GOMAXPROCS(0) >= fillParts &&
+		len(rs.ports) >= b.fillMin && !cur.holdsOwned()
+}
+
+// fill writes rs into tables holding nothing of proxyshift's in the
+// restores fillRestores gives, the ports' at once: the switch into
+// iptables at 10 000 services is this restore, and one iptables-nft
+// restore parses its input on one CPU before the kernel commits it. If
+// a part fails the jump rules are not written: the chains written stay
+// unreachable until the next sync, a full one, rewrites them.
+func (b *Backend) fill(ctx context.Context, f *family, rs *ruleset) error {
+	fixed, ports, hooks := fillRestores(rs, fillParts)
+	b.genKnown = false
+	if err := b.run.restore(ctx, f, fixed); err != nil {
+		return err
+	}
+	errs := make([]error, len(ports))
+	var wg sync.WaitGroup
+	for i, in := range ports {
+		wg.Go(func() { errs[i] = b.run.restore(ctx, f, in) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return b.run.restore(ctx, f, hooks)
 }
 
 // incremental rewrites the chains and rules of the changed service ports

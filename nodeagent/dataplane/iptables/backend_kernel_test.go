@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -641,5 +642,44 @@ func TestKernelUseCountsSeeWhatRuleCountsDoNot(t *testing.T) {
 	got, err := b.Programmed(ctx)
 	if want := synced.Minus(dataplane.Counts{Rules: 1, Endpoints: 1}); err != nil || got != want {
 		t.Errorf("Programmed after a DNAT rule was deleted: %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// TestKernelFillInParts: a full sync into empty tables (a switch into
+// iptables) at fillMin ports or more fills them with restores at once
+// (fill). The kernel then holds what one restore writes, Programmed
+// reads back what the sync counted, and the next full sync, a rewrite in
+// one restore, finds nothing to change. The nft variant only: the
+// legacy one always writes a table in one piece.
+func TestKernelFillInParts(t *testing.T) {
+	ctx := context.Background()
+	for seed := range uint64(4) {
+		m := dt.RandomModel(rand.New(rand.NewPCG(seed, 7)), 40)
+		ns := kernelNS(t, NFT)
+		b := newKernelBackend(t, ns, NFT)
+		b.fillMin = 1
+		if !b.fillsInParts(nil, render(b.policy[families[0]], m.Ports[families[0].model])) {
+			t.Skipf("fills in parts only with %d CPUs or more; GOMAXPROCS is %d", fillParts, runtime.GOMAXPROCS(0))
+		}
+		synced, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true})
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if got, want := ours(t, ns, NFT), reference(t, NFT, m); got != want {
+			t.Fatalf("seed %d: filled in parts (- one restore, + the parts):\n%s", seed, dt.LineDiff(want, got))
+		}
+		if got, err := b.Programmed(ctx); err != nil || got != synced {
+			t.Errorf("seed %d: programmed %+v, %v; the sync said %+v", seed, got, err, synced)
+		}
+		if why, err := b.verify(ctx, families[0], b.state[families[0]]); err != nil || why != "" {
+			t.Errorf("seed %d: the read-back after the fill: %q, %v", seed, why, err)
+		}
+		first := ours(t, ns, NFT)
+		if _, err := b.Sync(ctx, dataplane.SyncRequest{Model: m, Full: true}); err != nil {
+			t.Fatalf("seed %d: second sync: %v", seed, err)
+		}
+		if again := ours(t, ns, NFT); again != first {
+			t.Errorf("seed %d: the rewrite changed the tables:\n%s", seed, dt.LineDiff(first, again))
+		}
 	}
 }

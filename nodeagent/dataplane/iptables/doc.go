@@ -9,7 +9,11 @@
 //     memory: the kernel sees each table change as one transaction, and
 //     the cost of starting a process and of iptables' own bookkeeping
 //     (for the legacy variant, reading and replacing the whole table) is
-//     paid once per sync, not once per rule.
+//     paid once per sync, not once per rule. The one exception is
+//     filling empty tables (a switch into iptables) with many ports on
+//     the nft variant: two restores then parse their halves at once, on
+//     two CPUs, between a restore of the fixed chains and one of the jump
+//     rules that make the whole reachable.
 //   - It owns only chains named PROXYSHIFT-*, plus one jump rule per
 //     built-in chain it hooks, which it inserts and deletes itself. It
 //     never flushes a built-in chain nor declares one (a declaration would

@@ -213,6 +213,48 @@ func fullRestore(rs *ruleset, cur savedTables) restoreInput {
 	return in
 }
 
+// fillRestores splits the input that fills tables holding nothing of
+// proxyshift's with rs into restores run one after the other, the middle
+// ones at once: fixed declares the fixed chains with their own rules;
+// ports[i] (parts of them) creates and fills the chains of a share of
+// the service ports, in sorted order, and inserts their rules into the
+// fixed chains at the top, as an incremental sync does (their order
+// among themselves does not matter: no two ports claim one destination,
+// see model.Refusal; the fixed chains' own rules stay last); hooks
+// inserts the jump rules from the built-in chains, so nothing leads into
+// the chains before they are complete. What the kernel holds after all
+// of them is what fullRestore(rs, nil) writes, but for the order of the
+// ports' rules in the fixed chains.
+func fillRestores(rs *ruleset, parts int) (fixed restoreInput, ports []restoreInput, hooks restoreInput) {
+	fixed, hooks = newRestoreInput(tables...), newRestoreInput(tables...)
+	ports = make([]restoreInput, parts)
+	for i := range ports {
+		ports[i] = newRestoreInput(tables...)
+	}
+	names := model.SortedNames(rs.ports)
+	for ti, table := range tables {
+		for _, c := range rs.fixed {
+			if c.table == table {
+				fixed[ti].head.declare = append(fixed[ti].head.declare, c.name)
+				fixed[ti].tail.appendRules(c.name, c.rules...)
+			}
+		}
+		for i, name := range names {
+			pr := rs.ports[name]
+			b := ports[i*parts/len(names)][ti].port(pr.key)
+			for _, c := range chainsIn(pr, table) {
+				b.declare = append(b.declare, c.name)
+				b.appendRules(c.name, c.rules...)
+			}
+			for _, r := range sharedIn(pr, table) {
+				b.insert = append(b.insert, "-I "+r.chain+" 1 "+r.spec)
+			}
+		}
+		hooks[ti].hook(nil)
+	}
+	return fixed, ports, hooks
+}
+
 // hook makes the table's jump rules exist exactly once each: it keeps the
 // first rule of a built-in chain that is exactly a wanted jump (iptables
 // prints them back as written), deletes every other rule of a built-in

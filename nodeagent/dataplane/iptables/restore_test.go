@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -410,5 +411,85 @@ func TestQuoteFailedLine(t *testing.T) {
 	}
 	if got := quoteFailedLine(errors.New("line 1 failed"), in); got != "" {
 		t.Errorf("an error that is not a command's: got %s", got)
+	}
+}
+
+// TestFillRestoresSplitFullRestore: the restores that fill empty tables
+// in parts write, between them, every line fullRestore writes into empty
+// tables, each once: the fixed chains and their own rules first, each
+// port's chains in one part (the parts share the ports), the ports'
+// rules in the fixed chains inserted at the top instead of appended,
+// and the jump rules last.
+func TestFillRestoresSplitFullRestore(t *testing.T) {
+	m := dt.RandomModel(rand.New(rand.NewPCG(3, 1)), 40)
+	rs := render(policyFor(node, corev1.IPv4Protocol), m.Ports[corev1.IPv4Protocol])
+	if err := rs.collisions(); err != nil {
+		t.Fatal(err)
+	}
+	fixedChains, static := map[string]bool{}, map[string]bool{}
+	for _, c := range rs.fixed {
+		fixedChains[c.name] = true
+		for _, r := range c.rules {
+			static["-A "+c.name+" "+r] = true
+		}
+	}
+	// lines returns the input's lines, without the table and COMMIT
+	// lines.
+	lines := func(in restoreInput) []string {
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(in.text(t)), "\n") {
+			if l != "COMMIT" && !strings.HasPrefix(l, "*") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	var want []string
+	for _, l := range lines(fullRestore(rs, nil)) {
+		// A port's rule in a fixed chain: appended by one restore,
+		// inserted at the top by a part.
+		if f := strings.Fields(l); f[0] == "-A" && fixedChains[f[1]] && !static[l] {
+			l = "-I " + f[1] + " 1 " + strings.TrimPrefix(l, "-A "+f[1]+" ")
+		}
+		want = append(want, l)
+	}
+
+	fixed, ports, hooks := fillRestores(rs, 2)
+	var got []string
+	for _, l := range lines(fixed) {
+		if !static[l] && !(strings.HasPrefix(l, ":") && fixedChains[strings.Fields(l)[0][1:]]) {
+			t.Errorf("the fixed chains' restore writes %q", l)
+		}
+		got = append(got, l)
+	}
+	for i, in := range ports {
+		ls := lines(in)
+		if len(ls) == 0 {
+			t.Errorf("part %d writes nothing", i)
+		}
+		for _, l := range ls {
+			if strings.HasPrefix(l, ":") && fixedChains[strings.Fields(l)[0][1:]] {
+				t.Errorf("part %d declares (flushes) fixed chain %q", i, l)
+			}
+			if strings.HasPrefix(l, "-A ") && fixedChains[strings.Fields(l)[1]] {
+				t.Errorf("part %d appends to fixed chain: %q", i, l)
+			}
+		}
+		got = append(got, ls...)
+	}
+	hookLines := lines(hooks)
+	for _, l := range hookLines {
+		if f := strings.Fields(l); f[0] != "-I" || !builtinChains[f[1]] {
+			t.Errorf("the jumps' restore writes %q", l)
+		}
+	}
+	if len(hookLines) != len(jumps) {
+		t.Errorf("the jumps' restore writes %d lines, want the %d jump rules", len(hookLines), len(jumps))
+	}
+	got = append(got, hookLines...)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("the parts write other lines than one restore (- one restore, + the parts, sorted):\n%s", dt.LineDiff(strings.Join(want, "\n"), strings.Join(got, "\n")))
 	}
 }

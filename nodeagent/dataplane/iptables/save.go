@@ -30,6 +30,24 @@ type savedTable struct {
 // savedTables are the tables of one iptables-save output, by name.
 type savedTables map[string]*savedTable
 
+// holdsOwned says whether the tables hold a chain of proxyshift's or a
+// built-in chain's rule that leads into one.
+func (ts savedTables) holdsOwned() bool {
+	for _, t := range ts {
+		for _, c := range t.chains {
+			if owned(c) {
+				return true
+			}
+			for _, spec := range t.rules[c] {
+				if t.builtin[c] && owned(target(spec)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // parseSave reads the output of iptables-save (or ip6tables-save).
 func parseSave(out []byte) (savedTables, error) {
 	tables := savedTables{}
