@@ -239,12 +239,13 @@ func (b *Backend) full(ctx context.Context, f *family, ports map[model.ServicePo
 	if err := b.setSysctls(); err != nil {
 		return err
 	}
+	var err error
 	if b.fillsInParts(cur, rs) {
-		err := b.fill(ctx, f, rs)
-		if err != nil {
-			return err
-		}
-	} else if err := b.restore(ctx, f, fullRestore(rs, cur)); err != nil {
+		err = b.fill(ctx, f, rs)
+	} else {
+		err = b.restore(ctx, f, fullRestore(rs, cur))
+	}
+	if err != nil {
 		return err
 	}
 	b.state[f] = rs
@@ -282,19 +283,25 @@ func (b *Backend) fillsInParts(cur savedTables, rs *ruleset) bool {
 func (b *Backend) fill(ctx context.Context, f *family, rs *ruleset) error {
 	fixed, ports, hooks := fillRestores(rs, fillParts)
 	b.genKnown = false
-	if err := b.run.restore(ctx, f, fixed); err != nil {
+	restore := func(in restoreInput) error {
+		if in.empty() {
+			return nil
+		}
+		return b.run.restore(ctx, f, in)
+	}
+	if err := restore(fixed); err != nil {
 		return err
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, in := range ports {
-		wg.Go(func() { errs[i] = b.run.restore(ctx, f, in) })
+		wg.Go(func() { errs[i] = restore(in) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return b.run.restore(ctx, f, hooks)
+	return restore(hooks)
 }
 
 // incremental rewrites the chains and rules of the changed service ports
