@@ -32,6 +32,7 @@ import (
 	"github.com/proxyshift/proxyshift/api/contract"
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
+	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/conntrack"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
 	"github.com/proxyshift/proxyshift/nodeagent/events"
@@ -391,7 +392,7 @@ func unwrapDeleted(o any) any {
 // addresses are cluster IPs and the like, local to the kernel but not
 // the node's: counted as node addresses, a nodePortAddresses CIDR that
 // covers the service range would give NodePorts every cluster IP.
-var serviceAddressInterfaces = []string{ipvs.DummyInterface, kubeproxy.IPVSInterface}
+var serviceAddressInterfaces = []string{ipvs.DummyInterface, cleanup.KubeProxyIPVSLink}
 
 // localAddrs lists the addresses of the node's namespace, leaving out
 // those of the serviceAddressInterfaces (as kube-proxy leaves out

@@ -8,8 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/proxyshift/proxyshift/nodeagent/cleanup"
 	"github.com/proxyshift/proxyshift/nodeagent/dataplane/ipvs"
-	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
 	"github.com/proxyshift/proxyshift/test/netlab"
 )
 
@@ -26,7 +26,7 @@ func TestNodePortIPsLeaveOutServiceAddressInterfaces(t *testing.T) {
 	}{
 		{"eth0", netip.MustParsePrefix("198.18.0.5/24")},
 		{ipvs.DummyInterface, netip.MustParsePrefix("198.19.0.10/32")},
-		{kubeproxy.IPVSInterface, netip.MustParsePrefix("198.19.0.11/32")},
+		{cleanup.KubeProxyIPVSLink, netip.MustParsePrefix("198.19.0.11/32")},
 	}
 	err := ns.Do(func() error {
 		for i, l := range links {
@@ -61,6 +61,6 @@ func TestNodePortIPsLeaveOutServiceAddressInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := []netip.Addr{links[0].addr.Addr()}; !slices.Equal(got, want) {
-		t.Errorf("NodePort addresses %v, want %v: the addresses of %s and %s are Services', not the node's", got, want, ipvs.DummyInterface, kubeproxy.IPVSInterface)
+		t.Errorf("NodePort addresses %v, want %v: the addresses of %s and %s are Services', not the node's", got, want, ipvs.DummyInterface, cleanup.KubeProxyIPVSLink)
 	}
 }

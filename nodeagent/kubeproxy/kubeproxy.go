@@ -44,10 +44,6 @@ const DefaultMetricsURL = "http://127.0.0.1:10249/metrics"
 // syncedMetric is set by kube-proxy at the end of each successful sync.
 const syncedMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 
-// IPVSInterface is the dummy interface kube-proxy's IPVS mode binds every
-// service address to (named once, with its leftovers, in cleanup).
-const IPVSInterface = cleanup.KubeProxyIPVSLink
-
 // The names by which the kernel shows kube-proxy's other modes: its
 // nftables mode's table (ip and ip6), and the chain every Service of its
 // iptables mode hangs off (nat table; its IPVS mode has it too, hence the
@@ -80,10 +76,10 @@ func (n *Node) Mode(ctx context.Context) (v1alpha1.ProxyMode, error) {
 		}
 		defer h.Close()
 	}
-	if _, err := h.LinkByName(IPVSInterface); err == nil {
+	if _, err := h.LinkByName(cleanup.KubeProxyIPVSLink); err == nil {
 		return v1alpha1.ModeIPVS, nil
 	} else if !errors.As(err, new(netlink.LinkNotFoundError)) {
-		return "", fmt.Errorf("look for %s: %w", IPVSInterface, err)
+		return "", fmt.Errorf("look for %s: %w", cleanup.KubeProxyIPVSLink, err)
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(n.NS.FD()))
 	if err != nil {

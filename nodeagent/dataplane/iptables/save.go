@@ -38,8 +38,11 @@ func (ts savedTables) holdsOwned() bool {
 			if owned(c) {
 				return true
 			}
+			if !t.builtin[c] {
+				continue
+			}
 			for _, spec := range t.rules[c] {
-				if t.builtin[c] && owned(target(spec)) {
+				if owned(target(spec)) {
 					return true
 				}
 			}
