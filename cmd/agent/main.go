@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/proxyshift/proxyshift/api/v1alpha1"
+	"github.com/proxyshift/proxyshift/internal/gcpercent"
 	"github.com/proxyshift/proxyshift/nodeagent/agent"
 	"github.com/proxyshift/proxyshift/nodeagent/backends"
 	"github.com/proxyshift/proxyshift/nodeagent/kubeproxy"
@@ -52,7 +52,7 @@ func main() {
 		syncPeriod        = flag.Duration("sync-period", 30*time.Second, "Time between two full resyncs, which repair drift.")
 		metricsAddr       = flag.String("metrics-bind-address", "127.0.0.1:10265", "Address of the Prometheus /metrics endpoint; empty disables it. Not kube-proxy's 10249: both run on a node until it is taken over.")
 		watchList         = flag.Bool("watch-list", false, "Stream the informers' first lists of Services and EndpointSlices as watch events (client-go's WatchListClient) instead of listing them: less API-server memory per list, a slower start (the stream waits for a consistent snapshot; 0.4 to 1 s more at 10 000 Services).")
-		gcPct             = flag.Int("gc-percent", defaultGCPercent, "Go's GOGC for the agent: how far its heap may grow past what is live before a collection, in percent. The GOGC environment variable is used when this flag is not given; 50 by default, where Go's is 100: the agent's memory on every node, for a little more CPU in its bursts of work.")
+		gcPct             = gcpercent.Bind(flag.CommandLine, defaultGCPercent, "Go's GOGC for the agent: how far its heap may grow past what is live before a collection, in percent; 50 by default, where Go's is 100: the agent's memory on every node, for a little more CPU in its bursts of work.")
 		profiling         = flag.Bool("profiling", false, "Serve Go's runtime profiles (heap, allocations, CPU, goroutines) under /debug/pprof/ on the metrics address, like kube-proxy's enableProfiling.")
 		healthzAddr       = flag.String("healthz-bind-address", "0.0.0.0:10266", "Address of the /healthz and /livez endpoints; empty disables them. Not kube-proxy's 10256: both run on a node until it is taken over.")
 		kubeProxyHealthz  = flag.String("kube-proxy-healthz-bind-address", "0.0.0.0:10256", "kube-proxy's health address (its healthzBindAddress), IP:port: while proxyshift serves the node in kube-proxy's place, /healthz and /livez answer there as kube-proxy's do, for load balancers and kubelets that probe it. Bound only once kube-proxy is gone, released before the node is handed back. Empty disables it; Services' health-check node ports are served either way.")
@@ -78,11 +78,7 @@ func main() {
 	}
 	flag.Parse()
 	useWatchList(*watchList)
-	gcGiven := false
-	flag.Visit(func(f *flag.Flag) { gcGiven = gcGiven || f.Name == "gc-percent" })
-	if pct, set := gcPercent(*gcPct, gcGiven, os.Getenv("GOGC")); set {
-		debug.SetGCPercent(pct)
-	}
+	gcPct.Apply()
 
 	opts := agent.Options{
 		NodeName:             *nodeName,

@@ -21,6 +21,7 @@ import (
 
 	proxyv1alpha1 "github.com/proxyshift/proxyshift/api/v1alpha1"
 	"github.com/proxyshift/proxyshift/controllers"
+	"github.com/proxyshift/proxyshift/internal/gcpercent"
 )
 
 func main() {
@@ -48,9 +49,11 @@ func main() {
 	flag.StringVar(&kubeProxyDS, "kube-proxy-daemonset", controllers.DefaultKubeProxyDaemonSet.String(), "kube-proxy's DaemonSet, namespace/name: nodes proxyshift takes over are excluded from it with a node label (its node affinity is extended once, and restored when no node needs it), and mode kube-proxy hands nodes back to it. Empty means this cluster has no kube-proxy: nothing is stopped and mode kube-proxy is refused.")
 	flag.StringVar(&kubeProxyCM, "kube-proxy-configmap", controllers.DefaultKubeProxyConfigMap.String(), "kube-proxy's ConfigMap, namespace/name, whose mode a ProxyConfig with spec.kubeProxy changes (the operator's ClusterRole allows ConfigMaps named kube-proxy only). Empty refuses spec.kubeProxy.")
 	flag.StringVar(&kubeProxyKey, "kube-proxy-config-key", controllers.DefaultKubeProxyConfigKey, "The key of kube-proxy's configuration file in --kube-proxy-configmap.")
+	gcPct := gcpercent.Bind(flag.CommandLine, defaultGCPercent, "Go's GOGC for the operator: how far its heap may grow past what is live before a collection, in percent; 50 by default, where Go's is 100: the operator's memory in a large cluster, for a little more CPU.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	gcPct.Apply()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
