@@ -3,6 +3,7 @@ package bench
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,7 @@ func TestReportTargets(t *testing.T) {
 		"| programming latency p99, 10000 services | 500.0 ms | 150.0 ms | 0.30 | <= 30.0 ms: **missed** |",
 		"| programming latency max, 10000 services | 500.0 ms | 150.0 ms | 0.30 | <= 100.0 ms: **missed** |",
 		"| of a programming latency, the EndpointSlice update call (the API server's write, etcd's fsync included) p99, 10000 services | 100.0 ms | 30.0 ms | 0.30 |  |",
+		"| of a programming latency, the part after the update call returned max, 10000 services | 400.0 ms | 120.0 ms | 0.30 |  |",
 		"| programming latency p99, 10000 services | 1.50 s | 600.0 ms | 0.40 | <= 0.5x kube-proxy: met |",
 		"| first-packet p50, last / first service of 10000 | 1.00 | 2.00 | - | proxyshift <= 1.10: **missed** |",
 		"| first full sync, 10000 services (until the last answers) | 60.00 s | 50.00 s | 0.83 | <= 1.0x kube-proxy: met |",
@@ -250,5 +252,14 @@ func TestReportOneProgram(t *testing.T) {
 	}
 	if strings.Contains(md, "programming latency") {
 		t.Errorf("kube-proxy-only report has rows that need the agent's figures:\n%s", md)
+	}
+}
+
+// AfterWrite pairs each change's latency with its own update call, and a
+// change whose answer never came (a Write without a Latency) is left out.
+func TestAfterWrite(t *testing.T) {
+	r := Result{Latency: []time.Duration{ms(10), ms(30)}, Write: []time.Duration{ms(4), ms(25), ms(7)}}
+	if got, want := r.AfterWrite(), []time.Duration{ms(6), ms(5)}; !slices.Equal(got, want) {
+		t.Errorf("AfterWrite() = %v, want %v", got, want)
 	}
 }

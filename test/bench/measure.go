@@ -197,6 +197,19 @@ func Run(ctx context.Context, lab *Lab, objs *Objects, plan Plan) ([]Result, err
 }
 
 // Summary is one line describing the result.
+// AfterWrite holds, per endpoint change, the part of its programming
+// latency after the EndpointSlice update call returned: the program's
+// watch, its sync and the probe that saw the new endpoint answer (an
+// upper bound of the program's part, since the watch event can be on
+// its way before the call returns).
+func (r Result) AfterWrite() []time.Duration {
+	out := make([]time.Duration, min(len(r.Latency), len(r.Write)))
+	for i := range out {
+		out[i] = r.Latency[i] - r.Write[i]
+	}
+	return out
+}
+
 func (r Result) Summary() string {
 	if r.TimedOut {
 		return fmt.Sprintf("%-10s %-8s %5d services: the last Service did not answer within %s", r.Program, r.Mode, r.Services, r.FirstSync)

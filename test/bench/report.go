@@ -266,6 +266,13 @@ func (r *Report) rows(mode string) []row {
 			}
 			out = append(out, durationRow(what, Percentile(kp.Write, p), Percentile(ps.Write, p), 0, 0))
 		}
+		for _, p := range []float64{50, 99, 100} {
+			what := fmt.Sprintf("of a programming latency, the part after the update call returned (the program's watch and sync, the probe) p%.0f, %d services", p, n)
+			if p == 100 {
+				what = fmt.Sprintf("of a programming latency, the part after the update call returned max, %d services", n)
+			}
+			out = append(out, durationRow(what, Percentile(kp.AfterWrite(), p), Percentile(ps.AfterWrite(), p), 0, 0))
+		}
 	})
 	for _, n := range sizes {
 		// A kube-proxy whose first sync gave up had used at least what
