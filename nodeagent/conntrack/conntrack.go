@@ -255,7 +255,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, snap *model.Snapshot, change
 	}
 	prev := r.last
 	r.last = snap
-	udp := hasUDP(snap) && hasUDPChange(changed, full)
+	udp := hasUDPChange(changed, full) && hasUDP(snap) // the change set first: it is small, the model is not
 	var nodeIPs []netip.Addr
 	if r.NodeIPs != nil {
 		nodeIPs = r.NodeIPs()
