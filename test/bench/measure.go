@@ -196,7 +196,6 @@ func Run(ctx context.Context, lab *Lab, objs *Objects, plan Plan) ([]Result, err
 	return results, nil
 }
 
-// Summary is one line describing the result.
 // AfterWrite holds, per endpoint change, the part of its programming
 // latency after the EndpointSlice update call returned: the program's
 // watch, its sync and the probe that saw the new endpoint answer (an
@@ -210,6 +209,7 @@ func (r Result) AfterWrite() []time.Duration {
 	return out
 }
 
+// Summary is one line describing the result.
 func (r Result) Summary() string {
 	if r.TimedOut {
 		return fmt.Sprintf("%-10s %-8s %5d services: the last Service did not answer within %s", r.Program, r.Mode, r.Services, r.FirstSync)

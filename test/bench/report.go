@@ -116,6 +116,21 @@ func uniq[T comparable](rs []Result, key func(Result) T) []T {
 	return out
 }
 
+// latencyPartRows are the rows of one part of the programming latencies
+// at n services (what, explained by detail), one per percentile (100:
+// the maximum), kube-proxy's figures beside proxyshift's.
+func latencyPartRows(what, detail string, n int, kp, ps []time.Duration, percentiles ...float64) []row {
+	var out []row
+	for _, p := range percentiles {
+		label := fmt.Sprintf("of a programming latency, %s (%s) p%.0f, %d services", what, detail, p, n)
+		if p == 100 {
+			label = fmt.Sprintf("of a programming latency, %s max, %d services", what, n)
+		}
+		out = append(out, durationRow(label, Percentile(kp, p), Percentile(ps, p), 0, 0))
+	}
+	return out
+}
+
 // durationRow compares one duration figure; ratio is proxyshift over
 // kube-proxy; a target is met when the ratio (or, for an absolute
 // target, proxyshift's figure) is at most the bound.
@@ -259,20 +274,8 @@ func (r *Report) rows(mode string) []row {
 			}
 			out = append(out, durationRow(what, Percentile(kp.Latency, p), Percentile(ps.Latency, p), ratio, abs))
 		}
-		for _, p := range []float64{99, 100} {
-			what := fmt.Sprintf("of a programming latency, the EndpointSlice update call (the API server's write, etcd's fsync included) p%.0f, %d services", p, n)
-			if p == 100 {
-				what = fmt.Sprintf("of a programming latency, the EndpointSlice update call max, %d services", n)
-			}
-			out = append(out, durationRow(what, Percentile(kp.Write, p), Percentile(ps.Write, p), 0, 0))
-		}
-		for _, p := range []float64{50, 99, 100} {
-			what := fmt.Sprintf("of a programming latency, the part after the update call returned (the program's watch and sync, the probe) p%.0f, %d services", p, n)
-			if p == 100 {
-				what = fmt.Sprintf("of a programming latency, the part after the update call returned max, %d services", n)
-			}
-			out = append(out, durationRow(what, Percentile(kp.AfterWrite(), p), Percentile(ps.AfterWrite(), p), 0, 0))
-		}
+		out = append(out, latencyPartRows("the EndpointSlice update call", "the API server's write, etcd's fsync included", n, kp.Write, ps.Write, 99, 100)...)
+		out = append(out, latencyPartRows("the part after the update call returned", "the program's watch and sync, the probe", n, kp.AfterWrite(), ps.AfterWrite(), 50, 99, 100)...)
 	})
 	for _, n := range sizes {
 		// A kube-proxy whose first sync gave up had used at least what
